@@ -1,0 +1,1 @@
+"""The hastore node process and the ``hastore`` command line (root group in ``node.cli``)."""

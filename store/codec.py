@@ -1,0 +1,451 @@
+"""The CommitLog message codec: RocketMQ v1 byte layout, big-endian. Pure: no I/O.
+
+This module is what the pipeline imports to read store directories, so it depends on
+nothing but the standard library.
+
+One message (all integers big-endian, as Java's ByteBuffer)::
+
+    offset size field
+       0    4  TOTALSIZE
+       4    4  MAGICCODE          0xDAA320A7 (message) | 0xCBD43194 (blank end of segment)
+       8    4  BODYCRC            CRC32(body) & 0x7FFFFFFF (RocketMQ UtilAll.crc32)
+      12    4  QUEUEID
+      16    4  FLAG
+      20    8  QUEUEOFFSET
+      28    8  PHYSICALOFFSET
+      36    4  SYSFLAG
+      40    8  BORNTIMESTAMP      ms
+      48    8  BORNHOST           IPv4 (4) + port (4)
+      56    8  STORETIMESTAMP     ms
+      64    8  STOREHOSTADDRESS   IPv4 (4) + port (4)
+      72    4  RECONSUMETIMES
+      76    8  PREPARED TRANSACTION OFFSET
+      84    4  BODY LENGTH        then BODY
+       .    1  TOPIC LENGTH       then TOPIC (<= 127 bytes)
+       .    2  PROPERTIES LENGTH  then PROPERTIES (key \\x01 value \\x02 ...)
+
+hastore adds one property to every message it writes, ``HCRC``: eight hex digits of the
+CRC32 of the whole message except the body (already covered by BODYCRC) and the digits
+themselves. v1's BODYCRC leaves every header field unprotected; with HCRC a flipped bit
+anywhere in a message is caught by recovery and by reads. Messages without HCRC (written
+by other RocketMQ-format tools) are still accepted with the body check alone.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import sys
+import zlib
+from dataclasses import dataclass, field
+from operator import mul
+
+MESSAGE_MAGIC = 0xDAA320A7
+BLANK_MAGIC = 0xCBD43194
+
+# TOTALSIZE .. BODY LENGTH, everything before the body bytes.
+HEADER = struct.Struct(">iIiiiqqiq8sq8siqi")
+assert HEADER.size == 88
+BLANK_HEADER = struct.Struct(">iI")
+assert BLANK_HEADER.size == 8
+# A segment keeps this much room for the blank record that closes it.
+END_OF_SEGMENT_MIN_BLANK = BLANK_HEADER.size
+
+TOPIC_LEN = struct.Struct(">B")
+PROPS_LEN = struct.Struct(">H")
+FIXED_SIZE = HEADER.size + TOPIC_LEN.size + PROPS_LEN.size
+assert FIXED_SIZE == 91
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_TOPIC_BYTES = 127
+MAX_PROPERTIES_BYTES = 32767
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_HCRC = "HCRC"
+KEY_SEPARATOR = " "
+
+# "HCRC\x01" + 8 hex digits + "\x02": the last HCRC_VALUE_BYTES of a message are the
+# digits and the closing separator, outside the CRC they hold.
+HCRC_PREFIX = b"HCRC\x01"
+HCRC_VALUE_BYTES = 9
+HCRC_PROPERTY_BYTES = len(HCRC_PREFIX) + HCRC_VALUE_BYTES
+
+TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9_%-]+$")
+
+# Field offsets inside a message, for readers that pick single fields.
+QUEUE_ID_AT = 12
+QUEUE_OFFSET_AT = 20
+PHYSICAL_OFFSET_AT = 28
+STORE_TIMESTAMP_AT = 56
+BODY_LENGTH_AT = 84
+
+
+def crc32_body(body: bytes) -> int:
+    """RocketMQ's ``UtilAll.crc32``: CRC32 of the body with the sign bit cleared."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+# --- Java String.hashCode -------------------------------------------------------------
+# h = sum(c[i] * 31^(n-1-i)) mod 2^32 over UTF-16 code units. Because it is a polynomial,
+# hash(a + b) = hash(a) * 31^len(b) + hash(b), which lets callers cache a prefix.
+_UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
+_POW31 = [pow(31, i, 1 << 32) for i in range(1024)]
+_REVERSED_POWERS: dict[int, list[int]] = {}
+
+
+def _reversed_powers(length: int) -> list[int]:
+    powers = _REVERSED_POWERS.get(length)
+    if powers is None:
+        powers = [pow(31, i, 1 << 32) for i in range(length - 1, -1, -1)]
+        if length <= 4096:
+            _REVERSED_POWERS[length] = powers
+    return powers
+
+
+def java_hash_unsigned(text: str) -> int:
+    """Java ``String.hashCode`` as an unsigned 32-bit value."""
+    if text.isascii():
+        units: bytes | memoryview = text.encode("ascii")
+    else:
+        units = memoryview(text.encode(_UTF16_NATIVE)).cast("H")
+    return sum(map(mul, units, _reversed_powers(len(units)))) & 0xFFFFFFFF
+
+
+def java_hash(text: str) -> int:
+    """Java ``String.hashCode``: a signed 32-bit int."""
+    value = java_hash_unsigned(text)
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def utf16_length(text: str) -> int:
+    """Length in UTF-16 code units, the length Java's hash works over."""
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-16-le")) // 2
+
+
+def combine_hash(prefix_hash: int, suffix: str) -> int:
+    """Unsigned hash of prefix + suffix from the prefix's unsigned hash."""
+    length = utf16_length(suffix)
+    power = _POW31[length] if length < len(_POW31) else pow(31, length, 1 << 32)
+    return (prefix_hash * power + java_hash_unsigned(suffix)) & 0xFFFFFFFF
+
+
+def index_key_hash(text: str) -> int:
+    """IndexFile key hash: abs(String.hashCode), 0 for Integer.MIN_VALUE."""
+    return _abs_hash(java_hash_unsigned(text))
+
+
+def _abs_hash(unsigned: int) -> int:
+    if unsigned == 0x80000000:
+        return 0
+    return (1 << 32) - unsigned if unsigned & 0x80000000 else unsigned
+
+
+def index_key_hash_with_prefix(prefix_hash: int, suffix: str) -> int:
+    """IndexFile key hash of prefix + suffix given the prefix's unsigned Java hash."""
+    return _abs_hash(combine_hash(prefix_hash, suffix))
+
+
+def tags_hash_code(tags: str | None) -> int:
+    """ConsumeQueue tags code: String.hashCode of TAGS as a long, 0 without tags."""
+    return java_hash(tags) if tags else 0
+
+
+# --- hosts and message ids ---------------------------------------------------------------
+def encode_host(address: str) -> bytes:
+    """'ip:port' -> 8 bytes (IPv4 4 + port 4)."""
+    host, _, port = address.rpartition(":")
+    try:
+        return socket.inet_aton(host) + struct.pack(">i", int(port))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"not an IPv4 'host:port' address: {address!r}") from error
+
+
+def decode_host(raw: bytes) -> str:
+    """8 bytes (IPv4 4 + port 4) -> 'ip:port'."""
+    return f"{socket.inet_ntoa(raw[:4])}:{struct.unpack('>i', raw[4:8])[0]}"
+
+
+def message_id(store_host: bytes, physical_offset: int) -> str:
+    """Offset message id: store host (8 bytes) + physical offset (8 bytes), upper hex."""
+    return (store_host + physical_offset.to_bytes(8, "big")).hex().upper()
+
+
+def parse_message_id(text: str) -> tuple[str, int]:
+    """Offset message id -> (store host 'ip:port', physical offset)."""
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError as error:
+        raise ValueError(f"message id is not hex: {text!r}") from error
+    if len(raw) != 16:
+        raise ValueError(f"message id must be 32 hex digits, got {len(text)}: {text!r}")
+    return decode_host(raw[:8]), int.from_bytes(raw[8:], "big")
+
+
+# --- properties --------------------------------------------------------------------------
+def encode_properties(properties: dict[str, str]) -> bytes:
+    """``key\\x01value\\x02`` pairs, UTF-8."""
+    return "".join(
+        f"{key}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}" for key, value in properties.items()
+    ).encode("utf-8")
+
+
+def decode_properties(raw: bytes | str) -> dict[str, str]:
+    """Inverse of :func:`encode_properties`; tolerates a missing final separator."""
+    text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray, memoryview)) else raw
+    properties: dict[str, str] = {}
+    for pair in text.split(PROPERTY_SEPARATOR):
+        if pair:
+            key, _, value = pair.partition(NAME_VALUE_SEPARATOR)
+            properties[key] = value
+    return properties
+
+
+def property_text_problem(text: str) -> str | None:
+    """Why a property key or value cannot be stored, or None."""
+    if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+        return "property keys and values must not contain \\x01 or \\x02"
+    return None
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why a topic name is illegal, or None."""
+    if not isinstance(topic, str) or not topic:
+        return "topic must be a non-empty string"
+    if len(topic.encode("utf-8")) > MAX_TOPIC_BYTES:
+        return f"topic is longer than {MAX_TOPIC_BYTES} bytes"
+    if not TOPIC_PATTERN.match(topic):
+        return "topic may hold only [A-Za-z0-9_%-]"
+    return None
+
+
+# --- encoding ----------------------------------------------------------------------------
+def encode_message(
+    *,
+    topic_bytes: bytes,
+    queue_id: int,
+    body: bytes,
+    body_crc: int,
+    properties_bytes: bytes,
+    flag: int,
+    queue_offset: int,
+    physical_offset: int,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: bytes,
+    store_timestamp: int,
+    store_host: bytes,
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+) -> list[bytes]:
+    """One message as a list of byte pieces (header, body, tail, HCRC digits).
+
+    ``properties_bytes`` holds the caller's properties without HCRC; the HCRC property is
+    appended here. The pieces are returned unjoined so a batch writer can join a whole
+    batch at once.
+    """
+    properties_length = len(properties_bytes) + HCRC_PROPERTY_BYTES
+    total_size = FIXED_SIZE + len(body) + len(topic_bytes) + properties_length
+    header = HEADER.pack(
+        total_size, MESSAGE_MAGIC, body_crc, queue_id, flag, queue_offset, physical_offset,
+        sys_flag, born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
+        prepared_transaction_offset, len(body),
+    )
+    tail = b"".join((
+        TOPIC_LEN.pack(len(topic_bytes)), topic_bytes, PROPS_LEN.pack(properties_length),
+        properties_bytes, HCRC_PREFIX,
+    ))
+    crc = zlib.crc32(tail, zlib.crc32(header))
+    return [header, body, tail, b"%08x\x02" % crc]
+
+
+def message_size(topic_bytes: bytes, body: bytes, properties_bytes: bytes) -> int:
+    """TOTALSIZE of a message as :func:`encode_message` writes it."""
+    return FIXED_SIZE + len(body) + len(topic_bytes) + len(properties_bytes) + HCRC_PROPERTY_BYTES
+
+
+def encode_blank(size: int) -> bytes:
+    """The record that closes a segment: TOTALSIZE = remaining bytes, blank magic."""
+    assert size >= BLANK_HEADER.size, size
+    return BLANK_HEADER.pack(size, BLANK_MAGIC)
+
+
+# --- decoding ----------------------------------------------------------------------------
+class CorruptMessage(ValueError):
+    """The bytes at a position are not a whole, valid message."""
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """A message as read back from the CommitLog: every field of the v1 table."""
+
+    total_size: int
+    magic_code: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: str
+    store_timestamp: int
+    store_host: str
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    topic: str
+    properties: dict[str, str] = field(default_factory=dict)
+    message_id: str = ""
+
+    @property
+    def keys(self) -> list[str]:
+        """Business keys from the KEYS property."""
+        return [key for key in self.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if key]
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    @property
+    def user_properties(self) -> dict[str, str]:
+        """Properties without the store's own HCRC."""
+        return {k: v for k, v in self.properties.items() if k != PROPERTY_HCRC}
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    """What a scan learns from a record without decoding the body: the kind and size."""
+
+    is_blank: bool
+    total_size: int
+
+
+def check_record(buffer, position: int, limit: int, *, check_crc: bool = True) -> RecordHeader:
+    """Validate the record at ``position`` (not past ``limit``); raise CorruptMessage.
+
+    Checks the magic, that every length field adds up to TOTALSIZE, the body CRC and the
+    HCRC property. A zero TOTALSIZE (unwritten space) is reported as CorruptMessage too;
+    callers that scan treat it as the end of the log.
+    """
+    if position + BLANK_HEADER.size > limit:
+        raise CorruptMessage(f"no room for a record header at {position}")
+    total_size, magic = BLANK_HEADER.unpack_from(buffer, position)
+    if magic == BLANK_MAGIC:
+        if total_size < BLANK_HEADER.size or position + total_size != limit:
+            raise CorruptMessage(f"blank record at {position} does not end the segment")
+        return RecordHeader(True, total_size)
+    if magic != MESSAGE_MAGIC:
+        raise CorruptMessage(f"bad magic {magic:#010x} at {position}")
+    if total_size < FIXED_SIZE or position + total_size > limit:
+        raise CorruptMessage(f"bad total size {total_size} at {position}")
+    body_length = struct.unpack_from(">i", buffer, position + BODY_LENGTH_AT)[0]
+    topic_at = position + HEADER.size + body_length
+    if body_length < 0 or topic_at + TOPIC_LEN.size > position + total_size:
+        raise CorruptMessage(f"bad body length {body_length} at {position}")
+    topic_length = buffer[topic_at]
+    props_at = topic_at + TOPIC_LEN.size + topic_length
+    if props_at + PROPS_LEN.size > position + total_size:
+        raise CorruptMessage(f"bad topic length {topic_length} at {position}")
+    props_length = PROPS_LEN.unpack_from(buffer, props_at)[0]
+    if props_at + PROPS_LEN.size + props_length != position + total_size:
+        raise CorruptMessage(f"lengths do not add up to total size {total_size} at {position}")
+    if check_crc:
+        _check_crcs(buffer, position, total_size, body_length, props_length)
+    return RecordHeader(False, total_size)
+
+
+def _check_crcs(buffer, position: int, total_size: int, body_length: int, props_length: int) -> None:
+    body_at = position + HEADER.size
+    body_crc = struct.unpack_from(">i", buffer, position + 8)[0]
+    if zlib.crc32(buffer[body_at:body_at + body_length]) & 0x7FFFFFFF != body_crc:
+        raise CorruptMessage(f"body CRC mismatch at {position}")
+    end = position + total_size
+    if props_length >= HCRC_PROPERTY_BYTES and buffer[end - HCRC_PROPERTY_BYTES:end - HCRC_VALUE_BYTES] == HCRC_PREFIX:
+        digits = bytes(buffer[end - HCRC_VALUE_BYTES:end - 1])
+        try:
+            stored = int(digits, 16)
+        except ValueError:
+            raise CorruptMessage(f"HCRC digits unreadable at {position}") from None
+        crc = zlib.crc32(buffer[body_at + body_length:end - HCRC_VALUE_BYTES], zlib.crc32(buffer[position:body_at]))
+        if crc != stored or buffer[end - 1] != 2:
+            raise CorruptMessage(f"header CRC (HCRC) mismatch at {position}")
+
+
+def decode_message(buffer, position: int = 0, *, check_crc: bool = True) -> StoredMessage:
+    """Decode the message at ``position``; raise CorruptMessage if it is not whole and valid."""
+    header = check_record(buffer, position, len(buffer), check_crc=check_crc)
+    if header.is_blank:
+        raise CorruptMessage(f"blank record at {position}, not a message")
+    (total_size, magic, body_crc, queue_id, flag, queue_offset, physical_offset, sys_flag,
+     born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
+     prepared_offset, body_length) = HEADER.unpack_from(buffer, position)
+    body_at = position + HEADER.size
+    topic_at = body_at + body_length
+    topic_length = buffer[topic_at]
+    props_at = topic_at + 1 + topic_length
+    properties = decode_properties(bytes(buffer[props_at + 2:position + total_size]))
+    return StoredMessage(
+        total_size=total_size, magic_code=magic, body_crc=body_crc, queue_id=queue_id, flag=flag,
+        queue_offset=queue_offset, physical_offset=physical_offset, sys_flag=sys_flag,
+        born_timestamp=born_timestamp, born_host=decode_host(born_host),
+        store_timestamp=store_timestamp, store_host=decode_host(store_host),
+        reconsume_times=reconsume_times, prepared_transaction_offset=prepared_offset,
+        body=bytes(buffer[body_at:topic_at]),
+        topic=bytes(buffer[topic_at + 1:props_at]).decode("utf-8"),
+        properties=properties,
+        message_id=message_id(bytes(store_host), physical_offset),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchRecord:
+    """What the dispatcher needs of a message to build ConsumeQueue and IndexFile."""
+
+    physical_offset: int
+    total_size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp: int
+    tags: str | None
+    keys: tuple[str, ...]
+    uniq_key: str | None
+
+
+_DISPATCH_FIELDS = struct.Struct(">i12xi4xq")  # TOTALSIZE, QUEUEID, QUEUEOFFSET
+
+
+def read_dispatch_record(buffer, position: int) -> DispatchRecord:
+    """Pick the dispatch fields of an already validated message at ``position``."""
+    total_size, queue_id, queue_offset = _DISPATCH_FIELDS.unpack_from(buffer, position)
+    physical_offset = struct.unpack_from(">q", buffer, position + PHYSICAL_OFFSET_AT)[0]
+    store_timestamp = struct.unpack_from(">q", buffer, position + STORE_TIMESTAMP_AT)[0]
+    body_length = struct.unpack_from(">i", buffer, position + BODY_LENGTH_AT)[0]
+    topic_at = position + HEADER.size + body_length
+    topic_length = buffer[topic_at]
+    props_at = topic_at + 1 + topic_length
+    topic = bytes(buffer[topic_at + 1:props_at]).decode("utf-8")
+    props = bytes(buffer[props_at + 2:position + total_size]).decode("utf-8")
+    tags = keys_text = uniq = None
+    for pair in props.split(PROPERTY_SEPARATOR):
+        key, _, value = pair.partition(NAME_VALUE_SEPARATOR)
+        if key == PROPERTY_KEYS:
+            keys_text = value
+        elif key == PROPERTY_TAGS:
+            tags = value
+        elif key == PROPERTY_UNIQ_KEY:
+            uniq = value
+    keys = tuple(k for k in keys_text.split(KEY_SEPARATOR) if k) if keys_text else ()
+    return DispatchRecord(physical_offset, total_size, topic, queue_id, queue_offset,
+                          store_timestamp, tags, keys, uniq)

@@ -1,0 +1,284 @@
+"""CommitLog: every message of every topic, appended in arrival order (RocketMQ v1 layout).
+
+    commitlog/{start offset, 20 digits}   fixed-size segments (default 1 GiB)
+
+Record layout: see ``codec``. A segment that cannot hold the next message plus an 8-byte
+blank record is closed with a blank record (TOTALSIZE = remaining bytes, magic 0xCBD43194)
+and the message goes to the next segment, so no message ever spans two segments.
+
+One writer at a time (``_write_lock``) assigns physical offsets, per topic/queue queue
+offsets and store timestamps. ``max_offset`` moves only after a message's bytes are in the
+mapping, so any reader below it sees whole messages. The log is the truth: ConsumeQueue
+and IndexFile are rebuilt from it by the dispatcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from . import codec
+from .codec import CorruptMessage, StoredMessage
+from .errors import DiskFullError, MessageNotFound, StoreCorruptError, StoreError, invariant
+from .mapped_file_queue import MappedFileQueue
+from .message import PutResult, PutStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedMessage:
+    """A validated message with everything computed that does not need the write lock."""
+
+    topic: str
+    topic_bytes: bytes
+    queue_id: int
+    body: bytes
+    body_crc: int
+    properties_bytes: bytes
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: bytes
+    reconsume_times: int
+    prepared_transaction_offset: int
+    size: int
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CommitLog:
+    """Append-only message log over a MappedFileQueue of segments."""
+
+    def __init__(self, directory: str, segment_bytes: int, store_host: str, *, preallocate: bool = True) -> None:
+        self.segments = MappedFileQueue(directory, segment_bytes, preallocate=preallocate)
+        self.segment_bytes = segment_bytes
+        self.store_host = store_host
+        self.store_host_bytes = codec.encode_host(store_host)
+        self.max_offset = 0            # end of the last whole record
+        self.flushed_offset = 0        # everything below is on disk
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+        self.last_store_timestamp = 0
+        self._write_lock = threading.Lock()
+        self._closed = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def load(self) -> None:
+        self.segments.load()
+
+    def close(self) -> None:
+        self._closed = True
+        self.segments.close()
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments.min_offset
+
+    # --- writing -------------------------------------------------------------------------
+    def append(self, batch: list[PreparedMessage]) -> list[PutResult]:
+        """Write a batch with as few copies as the segment boundaries allow."""
+        with self._write_lock:
+            if self._closed:
+                raise StoreError("commit log is closed")
+            store_timestamp = max(now_ms(), self.last_store_timestamp)
+            self.last_store_timestamp = store_timestamp
+            results: list[PutResult] = []
+            index = 0
+            while index < len(batch):
+                try:
+                    segment = self._writable_segment()
+                except DiskFullError as error:
+                    reason = str(error)
+                    results.extend(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=reason) for _ in batch[index:])
+                    break
+                index = self._append_to_segment(segment, batch, index, store_timestamp, results)
+            return results
+
+    def _writable_segment(self):
+        last = self.segments.last
+        if last is None or self.max_offset >= last.end_offset:
+            start = self.max_offset if last is None else last.end_offset
+            if last is None and start % self.segment_bytes:
+                start -= start % self.segment_bytes
+            last = self.segments.roll(start)
+        return last
+
+    def _append_to_segment(self, segment, batch, index, store_timestamp, results) -> int:
+        """Write batch[index:] while it fits the segment; return the first index not written."""
+        position = self.max_offset
+        segment_end = segment.end_offset
+        pieces: list[bytes] = []
+        pending_offsets: dict[tuple[str, int], int] = {}
+        queue_offsets = self.queue_offsets
+        store_host = self.store_host_bytes
+        encode = codec.encode_message
+        count = len(batch)
+        while index < count:
+            message = batch[index]
+            if position + message.size + codec.END_OF_SEGMENT_MIN_BLANK > segment_end:
+                break
+            queue_key = (message.topic, message.queue_id)
+            queue_offset = pending_offsets.get(queue_key)
+            if queue_offset is None:
+                queue_offset = queue_offsets.get(queue_key, 0)
+            pieces += encode(
+                topic_bytes=message.topic_bytes, queue_id=message.queue_id, body=message.body,
+                body_crc=message.body_crc, properties_bytes=message.properties_bytes, flag=message.flag,
+                queue_offset=queue_offset, physical_offset=position, sys_flag=message.sys_flag,
+                born_timestamp=message.born_timestamp or store_timestamp, born_host=message.born_host,
+                store_timestamp=store_timestamp, store_host=store_host,
+                reconsume_times=message.reconsume_times,
+                prepared_transaction_offset=message.prepared_transaction_offset,
+            )
+            pending_offsets[queue_key] = queue_offset + 1
+            results.append(PutResult(PutStatus.PUT_OK, position, queue_offset,
+                                     codec.message_id(store_host, position), store_timestamp, message.size))
+            position += message.size
+            index += 1
+        if pieces:
+            data = b"".join(pieces)
+            start = self.max_offset - segment.start_offset
+            segment.mm[start:start + len(data)] = data
+            queue_offsets.update(pending_offsets)
+        if index < count:
+            # the next message does not fit: close the segment with a blank record
+            blank_at = position - segment.start_offset
+            segment.mm[blank_at:blank_at + codec.BLANK_HEADER.size] = codec.encode_blank(segment.size - blank_at)
+            position = segment_end
+        self.max_offset = position
+        return index
+
+    def append_bytes(self, offset: int, data: bytes) -> None:
+        """Append raw records at exactly ``offset`` (replication). They must be whole records."""
+        with self._write_lock:
+            if offset != self.max_offset:
+                raise StoreError(f"append at {offset} but the commit log ends at {self.max_offset}")
+            written = 0
+            while written < len(data):
+                segment = self._writable_segment()
+                position = self.max_offset - segment.start_offset
+                step = min(len(data) - written, segment.size - position)
+                segment.mm[position:position + step] = data[written:written + step]
+                written += step
+                self.max_offset += step
+
+    # --- flushing ------------------------------------------------------------------------
+    def flush(self) -> int:
+        """fdatasync everything written; return the new flushed offset."""
+        target = self.max_offset
+        if target > self.flushed_offset:
+            self.segments.flush_range(self.flushed_offset, target)
+            self.flushed_offset = target
+        return target
+
+    # --- reading -------------------------------------------------------------------------
+    def read(self, offset: int, size: int) -> bytes:
+        """Raw bytes [offset, offset + size) of one segment."""
+        segment = self.segments.find(offset)
+        if segment is None or offset + size > self.max_offset:
+            raise MessageNotFound(f"offset {offset} (+{size}) is outside the commit log "
+                                  f"[{self.min_offset}, {self.max_offset})")
+        position = offset - segment.start_offset
+        invariant(position + size <= segment.size, "a record never spans two segments")
+        return segment.mm[position:position + size]
+
+    def read_message(self, offset: int, *, check_crc: bool = True) -> StoredMessage:
+        """Decode the message starting at ``offset``."""
+        segment = self.segments.find(offset)
+        if segment is None or offset >= self.max_offset:
+            raise MessageNotFound(f"offset {offset} is outside the commit log [{self.min_offset}, {self.max_offset})")
+        position = offset - segment.start_offset
+        size = codec.BLANK_HEADER.unpack_from(segment.mm, position)[0]
+        if size <= 0 or position + size > segment.size:
+            raise StoreCorruptError(f"{segment.path}: no message at offset {offset}")
+        try:
+            return codec.decode_message(segment.mm[position:position + size], 0, check_crc=check_crc)
+        except CorruptMessage as error:
+            raise StoreCorruptError(f"{segment.path}: message at offset {offset} is corrupt: {error}") from None
+
+    def store_timestamp_at(self, offset: int) -> int:
+        """STORETIMESTAMP of the message at ``offset``, -1 if unreadable."""
+        segment = self.segments.find(offset)
+        if segment is None:
+            return -1
+        return codec.struct.unpack_from(">q", segment.mm, offset - segment.start_offset + codec.STORE_TIMESTAMP_AT)[0]
+
+    def records(self, start: int, end: int) -> Iterator[tuple[object, int, int, bool]]:
+        """(mapping, position, size, is_blank) of each record in [start, end), no CRC check.
+
+        ``start`` must be a record boundary; records below ``max_offset`` are whole.
+        """
+        offset = start
+        while offset < end:
+            segment = self.segments.find(offset)
+            if segment is None:
+                return
+            mm = segment.mm
+            position = offset - segment.start_offset
+            limit = min(segment.size, end - segment.start_offset)
+            next_offset = None
+            while position < limit:
+                size, magic = codec.BLANK_HEADER.unpack_from(mm, position)
+                if magic == codec.BLANK_MAGIC:
+                    yield mm, position, size, True
+                    next_offset = segment.end_offset
+                    break
+                invariant(magic == codec.MESSAGE_MAGIC and size > 0,
+                          f"{segment.path}: no record at offset {segment.start_offset + position}")
+                yield mm, position, size, False
+                position += size
+            offset = next_offset if next_offset is not None else segment.start_offset + position
+
+    # --- recovery ------------------------------------------------------------------------
+    def scan_valid_end(self, start: int) -> tuple[int, int, str]:
+        """CRC-check every record from ``start``; return (end of the last valid record,
+        store timestamp of the last valid message, why the scan stopped)."""
+        offset = start
+        last_timestamp = 0
+        files = self.segments.files
+        for segment in files:
+            if segment.end_offset <= offset:
+                continue
+            mm = segment.mm
+            position = offset - segment.start_offset
+            while True:
+                if position >= segment.size:
+                    break
+                try:
+                    header = codec.check_record(mm, position, segment.size)
+                except CorruptMessage as error:
+                    unwritten = mm[position:position + 4] == b"\0\0\0\0"
+                    reason = "end of data" if unwritten else f"{segment.path}: {error}"
+                    return segment.start_offset + position, last_timestamp, reason
+                if header.is_blank:
+                    position = segment.size
+                    break
+                last_timestamp = codec.struct.unpack_from(">q", mm, position + codec.STORE_TIMESTAMP_AT)[0]
+                position += header.total_size
+            offset = segment.end_offset
+        return offset if files else start, last_timestamp, "end of files"
+
+    def set_end(self, offset: int) -> None:
+        """After recovery or replication truncation: cut the log at ``offset`` (a record boundary)."""
+        with self._write_lock:
+            self.segments.truncate(offset)
+            self.max_offset = offset
+            self.flushed_offset = min(self.flushed_offset, offset)
+            self.segments.request_ahead()
+
+    def crc_ok(self, offset: int) -> bool:
+        try:
+            self.read_message(offset)
+            return True
+        except (StoreCorruptError, MessageNotFound):
+            return False
+
+
+def body_crc(body: bytes) -> int:
+    return zlib.crc32(body) & 0x7FFFFFFF

@@ -1,0 +1,73 @@
+"""StoreConfig: every setting of the storage engine, each with a default."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from .errors import StoreConfigError
+
+GIB = 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Settings of one MessageStore. Frozen: build a new one with ``dataclasses.replace``."""
+
+    store_path: str = os.path.expanduser("~/hastore/store")
+    # CommitLog
+    commitlog_segment_bytes: int = GIB
+    store_host: str = "127.0.0.1:10911"
+    preallocate_next_segment: bool = True
+    # Flush: "sync" (group commit, put returns once on disk) or "async" (interval).
+    flush: str = "async"
+    flush_interval_ms: int = 500
+    sync_flush_timeout_ms: int = 5000
+    checkpoint_interval_ms: int = 1000
+    # ConsumeQueue and IndexFile
+    consume_queue_entries_per_file: int = 300_000
+    index_hash_slots: int = 5_000_000
+    index_max_entries: int = 20_000_000
+    # Reads verify BODYCRC and HCRC, so a flipped bit is never served.
+    check_crc_on_read: bool = True
+    # Retention
+    file_reserved_hours: float = 72.0
+    disk_max_used_ratio: float = 0.75
+    retention_check_interval_ms: int = 10_000
+    # Dispatcher batch bound: bytes of CommitLog read per pass.
+    dispatch_batch_bytes_max: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.flush not in ("sync", "async"):
+            problems.append(f"flush must be 'sync' or 'async', not {self.flush!r}")
+        if not 4096 <= self.commitlog_segment_bytes <= 2 * GIB - 1:
+            problems.append("commitlog_segment_bytes must be between 4096 and 2 GiB - 1")
+        if not 1 <= self.consume_queue_entries_per_file <= 100_000_000:
+            problems.append("consume_queue_entries_per_file must be between 1 and 100,000,000")
+        if self.index_hash_slots < 1 or self.index_max_entries < 2:
+            problems.append("index_hash_slots must be >= 1 and index_max_entries >= 2")
+        if 40 + 4 * self.index_hash_slots + 20 * self.index_max_entries > 2 * GIB:
+            problems.append("an index file (40 + 4*slots + 20*entries bytes) must stay under 2 GiB")
+        for name in ("flush_interval_ms", "sync_flush_timeout_ms", "checkpoint_interval_ms",
+                     "retention_check_interval_ms", "dispatch_batch_bytes_max"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        if self.file_reserved_hours <= 0:
+            problems.append("file_reserved_hours must be positive")
+        if not 0.1 <= self.disk_max_used_ratio <= 0.99:
+            problems.append("disk_max_used_ratio must be between 0.1 and 0.99")
+        host, _, port = self.store_host.rpartition(":")
+        if not host or not port.isdigit():
+            problems.append(f"store_host must be 'ipv4:port', not {self.store_host!r}")
+        if problems:
+            raise StoreConfigError("; ".join(problems))
+
+    def replace(self, **changes) -> "StoreConfig":
+        """A copy with some settings changed."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def consume_queue_file_bytes(self) -> int:
+        return self.consume_queue_entries_per_file * 20

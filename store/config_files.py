@@ -1,0 +1,104 @@
+"""Config files under ``config/``, written atomically: temp file, fsync, rename, keep ``.bak``.
+
+    config/topics.json            topic configs
+    config/consumerOffset.json    consumer offsets per group, topic@group -> {queueId: offset}
+    config/delayOffset.json       delay-level pull offsets
+    config/subscriptionGroup.json consumer group configs
+    config/consumerFilter.json    consumer filter data
+
+A reader gets the newest whole file: if the main file is missing or unreadable (a crash
+between writes can never make it so, but a disk can), the ``.bak`` copy is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+from .errors import StoreCorruptError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILES = ("topics.json", "consumerOffset.json", "delayOffset.json",
+                "subscriptionGroup.json", "consumerFilter.json")
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file."""
+    directory = os.path.dirname(path) or "."
+    temp = f"{path}.tmp"
+    with open(temp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if os.path.exists(path):
+        backup = f"{path}.bak"
+        _copy_to_backup(path, backup)
+    os.replace(temp, path)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _copy_to_backup(path: str, backup: str) -> None:
+    # a hard link would keep the main name pointing at the old inode until the rename; a copy
+    # keeps the rule simple: .bak always holds the previous whole version.
+    with open(path, "rb") as source:
+        previous = source.read()
+    with open(f"{backup}.tmp", "wb") as handle:
+        handle.write(previous)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(f"{backup}.tmp", backup)
+
+
+class ConfigFile:
+    """One JSON config file held in memory as a dict and persisted on demand."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.data: dict = self._load()
+
+    def _load(self) -> dict:
+        for candidate in (self.path, f"{self.path}.bak"):
+            if not os.path.exists(candidate):
+                continue
+            try:
+                with open(candidate, "rb") as handle:
+                    data = json.loads(handle.read() or b"{}")
+                if not isinstance(data, dict):
+                    raise ValueError("top level is not an object")
+                if candidate != self.path:
+                    log.warning("%s unreadable; using its backup %s", self.path, candidate)
+                return data
+            except (ValueError, UnicodeDecodeError) as error:
+                log.warning("%s is not valid JSON: %s", candidate, error)
+        if os.path.exists(self.path):
+            raise StoreCorruptError(f"{self.path} and its .bak are both unreadable; fix or remove them")
+        return {}
+
+    def persist(self) -> None:
+        with self.lock:
+            encoded = json.dumps(self.data, indent=2, sort_keys=True).encode("utf-8")
+        write_atomically(self.path, encoded)
+
+
+class ConfigStore:
+    """All config files of a store directory."""
+
+    def __init__(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        self.files = {name: ConfigFile(os.path.join(directory, name)) for name in CONFIG_FILES}
+
+    def __getitem__(self, name: str) -> ConfigFile:
+        return self.files[name]
+
+    def persist_all(self) -> None:
+        for config_file in self.files.values():
+            config_file.persist()

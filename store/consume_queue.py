@@ -1,0 +1,198 @@
+"""ConsumeQueue: per topic/queue index of CommitLog positions, one fixed entry per message.
+
+    consumequeue/{topic}/{queueId}/{start byte offset, 20 digits}
+    entry (20 bytes, big-endian):
+        0  8  commit log offset
+        8  4  message size
+       12  8  tags hash code (Java String.hashCode of TAGS, 0 without tags)
+
+Queue offset = entry index; entry i lives at byte i * 20. 300,000 entries per file by
+default (6,000,000 bytes). An all-zero entry (size 0) is a hole: space before a queue's
+first entry, or not yet written. Entries are built by the dispatcher from the CommitLog.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from .errors import invariant
+from .mapped_file_queue import MappedFileQueue
+
+ENTRY = struct.Struct(">qiq")
+ENTRY_BYTES = ENTRY.size
+assert ENTRY_BYTES == 20
+_SIZE_AT = 8
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEntry:
+    queue_offset: int
+    physical_offset: int
+    size: int
+    tags_code: int
+
+
+class ConsumeQueue:
+    """The entries of one topic/queue, over a MappedFileQueue of entry files."""
+
+    def __init__(self, root: str, topic: str, queue_id: int, entries_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = os.path.join(root, topic, str(queue_id))
+        self.files = MappedFileQueue(self.directory, entries_per_file * ENTRY_BYTES)
+        self.min_offset = 0           # first valid queue offset
+        self.max_offset = 0           # one past the last entry
+        self.dirty: set = set()       # files written since the last flush
+
+    # --- loading -------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map the files and find the first and last entries."""
+        self.files.load()
+        if not self.files.files:
+            return
+        first = self.files.files[0]
+        first_position = self._first_entry_position(first)
+        self.min_offset = (first.start_offset + first_position) // ENTRY_BYTES
+        last = self.files.files[-1]
+        start = first_position if last is first else 0
+        self.max_offset = (last.start_offset + self._end_position(last, start)) // ENTRY_BYTES
+        if self.max_offset < self.min_offset:
+            self.max_offset = self.min_offset
+
+    @staticmethod
+    def _size_at(mm, position: int) -> int:
+        return struct.unpack_from(">i", mm, position + _SIZE_AT)[0]
+
+    def _first_entry_position(self, mapped) -> int:
+        # leading holes come only before a queue's first entry; entries are contiguous after
+        mm = mapped.mm
+        for position in range(0, mapped.size, ENTRY_BYTES):
+            if self._size_at(mm, position) > 0:
+                return position
+        return mapped.size
+
+    def _end_position(self, mapped, low: int) -> int:
+        """Binary search: entries [low, end) are written, [end, size) are zero."""
+        count = (mapped.size - low) // ENTRY_BYTES
+        lo, hi = 0, count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._size_at(mapped.mm, low + mid * ENTRY_BYTES) > 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        return low + lo * ENTRY_BYTES
+
+    # --- writing -------------------------------------------------------------------------
+    def append_entries(self, first_queue_offset: int, data: bytes) -> None:
+        """Write entries (already packed) starting at ``first_queue_offset``.
+
+        Entries below ``max_offset`` are already there (a re-dispatch): skipped. A gap
+        above ``max_offset`` is allowed only for an empty queue (its first entry may be
+        anywhere: replicas and retention start queues past 0).
+        """
+        count = len(data) // ENTRY_BYTES
+        skip = self.max_offset - first_queue_offset
+        if skip > 0:
+            if skip >= count:
+                return
+            data = data[skip * ENTRY_BYTES:]
+            first_queue_offset = self.max_offset
+        elif skip < 0:
+            invariant(self.max_offset == self.min_offset,
+                      f"consume queue {self.topic}/{self.queue_id}: gap from {self.max_offset} to {first_queue_offset}")
+            self.min_offset = first_queue_offset
+        offset = first_queue_offset * ENTRY_BYTES
+        written = 0
+        while written < len(data):
+            mapped = self.files.find(offset)
+            if mapped is None:
+                last = self.files.last
+                start = offset - offset % self.files.file_size
+                if last is not None and last.end_offset < start:
+                    invariant(self.max_offset == self.min_offset, "files of a queue are contiguous")
+                    self.files.reset_to(start)
+                    mapped = self.files.last
+                elif last is None:
+                    mapped = self.files.reset_to(start)
+                else:
+                    mapped = self.files.roll(last.end_offset)
+            position = offset - mapped.start_offset
+            step = min(len(data) - written, mapped.size - position)
+            mapped.mm[position:position + step] = data[written:written + step]
+            self.dirty.add(mapped)
+            written += step
+            offset += step
+        self.max_offset = first_queue_offset + len(data) // ENTRY_BYTES
+
+    # --- reading -------------------------------------------------------------------------
+    def entries(self, queue_offset: int, max_count: int) -> list[QueueEntry]:
+        """Up to ``max_count`` entries from ``queue_offset`` (fewer at a file's end)."""
+        queue_offset = max(queue_offset, self.min_offset)
+        count = min(max_count, self.max_offset - queue_offset)
+        if count <= 0:
+            return []
+        offset = queue_offset * ENTRY_BYTES
+        mapped = self.files.find(offset)
+        if mapped is None:
+            return []
+        position = offset - mapped.start_offset
+        count = min(count, (mapped.size - position) // ENTRY_BYTES)
+        raw = mapped.mm[position:position + count * ENTRY_BYTES]
+        result = []
+        for index, (physical_offset, size, tags_code) in enumerate(ENTRY.iter_unpack(raw)):
+            if size <= 0:
+                break
+            result.append(QueueEntry(queue_offset + index, physical_offset, size, tags_code))
+        return result
+
+    def entry(self, queue_offset: int) -> QueueEntry | None:
+        found = self.entries(queue_offset, 1)
+        return found[0] if found else None
+
+    def physical_offset_at(self, queue_offset: int) -> int:
+        mapped = self.files.find(queue_offset * ENTRY_BYTES)
+        invariant(mapped is not None, "queue offset inside the queue")
+        return struct.unpack_from(">q", mapped.mm, queue_offset * ENTRY_BYTES - mapped.start_offset)[0]
+
+    # --- cutting -------------------------------------------------------------------------
+    def truncate_physical(self, physical_offset: int) -> None:
+        """Drop entries that point at or past ``physical_offset`` (the log was cut there)."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:  # first entry whose commit log offset >= physical_offset
+            mid = (lo + hi) // 2
+            if self.physical_offset_at(mid) < physical_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == self.max_offset:
+            return
+        self.files.truncate(lo * ENTRY_BYTES)
+        self.max_offset = lo
+        if lo <= self.min_offset:
+            self.min_offset = self.max_offset = lo
+        self.dirty = {m for m in self.dirty if m in self.files.files}
+
+    def delete_below_physical(self, physical_offset: int) -> int:
+        """Drop whole files whose every entry points below ``physical_offset``; keep the last."""
+        count = 0
+        for mapped in self.files.files[:-1]:
+            last_position = mapped.size - ENTRY_BYTES
+            if struct.unpack_from(">q", mapped.mm, last_position)[0] + self._size_at(mapped.mm, last_position) > physical_offset:
+                break
+            count += 1
+        removed = self.files.delete_front(count)
+        if removed:
+            self.dirty.difference_update(removed)
+            self.min_offset = max(self.min_offset, self.files.files[0].start_offset // ENTRY_BYTES)
+        return len(removed)
+
+    def flush(self) -> None:
+        dirty, self.dirty = self.dirty, set()
+        for mapped in dirty:
+            mapped.flush()
+
+    def close(self) -> None:
+        self.files.close()

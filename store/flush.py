@@ -1,0 +1,133 @@
+"""FlushService: makes the CommitLog durable and writes the checkpoint, on one thread.
+
+``sync``: group commit. A writer asks for its end offset and waits; the thread fsyncs
+everything written so far and wakes every waiter whose offset is now on disk, so one
+fdatasync serves all the puts that arrived during the previous one.
+``async``: the thread fsyncs every ``flush_interval_ms``.
+
+Either way, every ``checkpoint_interval_ms`` it flushes the ConsumeQueue and IndexFile
+files and then writes the checkpoint: flushed offset F and dispatched offset D are read
+*before* their files are synced, so the checkpoint never claims more than is on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from .checkpoint import Checkpoint, CheckpointState
+from .commit_log import CommitLog
+from .dispatcher import Dispatcher
+
+log = logging.getLogger(__name__)
+
+
+class FlushService:
+    def __init__(self, commit_log: CommitLog, dispatcher: Dispatcher, checkpoint: Checkpoint, *,
+                 sync: bool, flush_interval_ms: int, checkpoint_interval_ms: int,
+                 confirm_offset: Callable[[], int] = lambda: 0) -> None:
+        self.commit_log = commit_log
+        self.dispatcher = dispatcher
+        self.checkpoint = checkpoint
+        self.sync = sync
+        self.flush_interval_s = flush_interval_ms / 1000
+        self.checkpoint_interval_s = checkpoint_interval_ms / 1000
+        self.confirm_offset = confirm_offset
+        self._condition = threading.Condition()
+        self._requested = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._last_checkpoint = time.monotonic()
+        self.flush_count = 0
+        self.error: BaseException | None = None
+        self._flush_listeners: list[Callable[[int], None]] = []
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.commit_log.flushed_offset
+
+    def add_listener(self, listener: Callable[[int], None]) -> None:
+        """``listener(flushed_offset)`` runs on the flush thread after each fsync."""
+        self._flush_listeners = self._flush_listeners + [listener]
+
+    def request(self, offset: int) -> None:
+        """Ask for ``offset`` to be made durable (sync mode) without waiting."""
+        with self._condition:
+            if offset > self._requested:
+                self._requested = offset
+                self._condition.notify_all()
+
+    def wait_flushed(self, offset: int, timeout_s: float) -> bool:
+        """Block until the CommitLog is durable up to ``offset``; False on timeout or stop."""
+        deadline = time.monotonic() + timeout_s
+        with self._condition:
+            if offset > self._requested:
+                self._requested = offset
+                self._condition.notify_all()
+            while self.commit_log.flushed_offset < offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopping or self.error is not None:
+                    return self.commit_log.flushed_offset >= offset
+                self._condition.wait(remaining)
+        return True
+
+    def flush_now(self) -> int:
+        flushed = self.commit_log.flush()
+        self.flush_count += 1
+        with self._condition:
+            self._condition.notify_all()
+        for listener in self._flush_listeners:
+            listener(flushed)
+        return flushed
+
+    def write_checkpoint(self) -> CheckpointState:
+        """Flush the derived files, then record what is now safe on disk."""
+        dispatched = self.dispatcher.dispatched_offset
+        logics_timestamp = self.dispatcher.last_store_timestamp
+        flushed = self.commit_log.flushed_offset
+        physic_timestamp = self.commit_log.last_store_timestamp if flushed >= self.commit_log.max_offset else \
+            self.checkpoint.state.physic_msg_timestamp
+        self.dispatcher.queues.flush()
+        self.dispatcher.index.flush()
+        state = CheckpointState(
+            physic_msg_timestamp=physic_timestamp, logics_msg_timestamp=logics_timestamp,
+            index_msg_timestamp=logics_timestamp, confirm_phy_offset=self.confirm_offset(),
+            flushed_phy_offset=flushed, dispatched_phy_offset=dispatched,
+        )
+        self.checkpoint.write(state)
+        self._last_checkpoint = time.monotonic()
+        return state
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="flush", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            with self._condition:
+                if self.sync:
+                    if self._requested <= self.commit_log.flushed_offset:
+                        self._condition.wait(self.flush_interval_s)
+                else:
+                    self._condition.wait(self.flush_interval_s)
+            try:
+                self.flush_now()
+                if time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s:
+                    self.write_checkpoint()
+            except BaseException as error:
+                self.error = error
+                log.exception("flush failed; the store stops acknowledging sync puts: %s", error)
+                with self._condition:
+                    self._condition.notify_all()
+                return
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None

@@ -1,0 +1,123 @@
+"""MappedFile: one fixed-size file mapped into memory, named by its 20-digit start offset.
+
+    {directory}/{start_offset:020d}      size fixed per queue (CommitLog segment, ConsumeQueue file)
+
+Space is reserved with ``posix_fallocate`` when the file is created, so a full disk is an
+error at creation time (nothing written) rather than a SIGBUS in the middle of a message.
+Writes go into the mapping; ``flush`` is ``os.fdatasync`` on the file's descriptor, which
+releases the GIL (``mmap.flush`` does not).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+from .errors import DiskFullError, StoreError
+
+NAME_DIGITS = 20
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14; Python 3.11's mmap module has no name for it
+_PAGE_BYTES = mmap.PAGESIZE
+
+
+def file_name(start_offset: int) -> str:
+    return f"{start_offset:0{NAME_DIGITS}d}"
+
+
+def parse_file_name(name: str) -> int | None:
+    """Start offset from a file name, None if the name is not 20 digits."""
+    if len(name) == NAME_DIGITS and name.isdigit():
+        return int(name)
+    return None
+
+
+class MappedFile:
+    """A fixed-size mapped file. Positions are relative to the file; offsets are global."""
+
+    __slots__ = ("path", "start_offset", "size", "fd", "mm", "_closed")
+
+    def __init__(self, path: str, start_offset: int, size: int, *, create: bool) -> None:
+        self.path = path
+        self.start_offset = start_offset
+        self.size = size
+        self._closed = False
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        try:
+            if create:
+                _reserve(self.fd, size, path)
+            actual = os.fstat(self.fd).st_size
+            if actual != size:
+                raise StoreError(f"{path}: size {actual} bytes, expected {size}; "
+                                 "the file was truncated or belongs to a store with other settings")
+            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            if create:
+                _unlink_quietly(path)
+            raise
+
+    @property
+    def end_offset(self) -> int:
+        return self.start_offset + self.size
+
+    def populate(self) -> None:
+        """Fault every page in ahead of the writer, so appends do not stall on page faults."""
+        try:
+            self.mm.madvise(MADV_POPULATE_WRITE)
+        except OSError:
+            for position in range(0, self.size, _PAGE_BYTES):
+                self.mm[position] = self.mm[position]
+
+    def flush(self) -> None:
+        """Make everything written so far durable."""
+        if not self._closed:
+            os.fdatasync(self.fd)
+
+    def zero(self, start: int, end: int | None = None) -> None:
+        """Overwrite [start, end) with zeros, in bounded chunks; chunks already zero are
+        only read, so cutting a mostly empty segment does not dirty every page."""
+        end = self.size if end is None else end
+        chunk = 1 << 20
+        zeros = bytes(min(chunk, max(0, end - start)))
+        position = start
+        while position < end:
+            step = min(chunk, end - position)
+            if self.mm[position:position + step] != zeros[:step]:
+                self.mm[position:position + step] = zeros[:step]
+            position += step
+
+    def close(self) -> None:
+        """Release the descriptor. The mapping itself goes when the last reader drops it."""
+        if not self._closed:
+            self._closed = True
+            os.close(self.fd)
+
+    def destroy(self) -> None:
+        """Close and unlink. Readers still holding the mapping keep valid bytes."""
+        self.close()
+        _unlink_quietly(self.path)
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path!r}, start={self.start_offset}, size={self.size})"
+
+
+def _reserve(fd: int, size: int, path: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            os.ftruncate(fd, size)  # file systems without fallocate: sparse file
+            return
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no room on disk for {path} ({size} bytes): free space or "
+                                "lower retention (file_reserved_hours, disk_max_used_ratio)") from error
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

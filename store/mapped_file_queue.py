@@ -1,0 +1,231 @@
+"""MappedFileQueue: an ordered run of equal-size MappedFiles that reads as one long log.
+
+    {directory}/00000000000000000000
+    {directory}/00000000001073741824   start offset = previous start + file size
+
+Offsets are global (file start + position). The queue finds the file for any offset,
+rolls to a new file, truncates everything past an offset (zeroing the cut-off tail so it
+can never be read as valid later) and drops whole files from the front for retention.
+With ``preallocate`` the next file is created and its pages faulted in by a background
+thread while the writer still fills the current one, so a roll does not stall the writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from .errors import StoreError, invariant
+from .mapped_file import MappedFile, file_name, parse_file_name
+
+log = logging.getLogger(__name__)
+
+
+class _Preallocator:
+    """Creates the next file of a queue ahead of need, on one daemon thread.
+
+    The writer and this thread never both create the same file: ``take`` waits while the
+    thread is working on the wanted offset, and the thread skips an offset already taken.
+    """
+
+    def __init__(self, queue: "MappedFileQueue") -> None:
+        self._queue = queue
+        self._condition = threading.Condition()
+        self._wanted: int | None = None
+        self._working: int | None = None
+        self._ready: dict[int, MappedFile] = {}
+        self._taken: set[int] = set()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name=f"preallocate:{queue.directory}", daemon=True)
+        self._thread.start()
+
+    def request(self, start_offset: int) -> None:
+        with self._condition:
+            if start_offset not in self._ready and start_offset != self._working:
+                self._wanted = start_offset
+                self._taken.discard(start_offset)
+                self._condition.notify_all()
+
+    def take(self, start_offset: int) -> MappedFile | None:
+        """The prepared file for ``start_offset``, or None: then the caller creates it."""
+        with self._condition:
+            while self._working == start_offset:
+                self._condition.wait()
+            if self._wanted == start_offset:
+                self._wanted = None
+            self._taken.add(start_offset)
+            return self._ready.pop(start_offset, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while self._wanted is None and not self._stopped:
+                    self._condition.wait()
+                if self._stopped:
+                    return
+                wanted, self._wanted = self._wanted, None
+                self._working = wanted
+            mapped = None
+            try:
+                mapped = self._queue.create_file(wanted)
+                mapped.populate()
+            except BaseException as error:  # the writer creates the file itself and sees the error
+                log.warning("preallocating %s failed: %s", file_name(wanted), error)
+                mapped = None
+            with self._condition:
+                self._working = None
+                if mapped is not None:
+                    if self._stopped or wanted in self._taken:
+                        mapped.destroy()
+                    else:
+                        self._ready[wanted] = mapped
+                self._condition.notify_all()
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopped = True
+            self._condition.notify_all()
+        self._thread.join(timeout=30)
+        with self._condition:
+            ready, self._ready = list(self._ready.values()), {}
+        for mapped in ready:
+            mapped.destroy()
+
+
+class MappedFileQueue:
+    """Equal-size mapped files in a directory, addressed by global offset."""
+
+    def __init__(self, directory: str, file_size: int, *, preallocate: bool = False) -> None:
+        self.directory = directory
+        self.file_size = file_size
+        self.files: list[MappedFile] = []
+        self._preallocator: _Preallocator | None = None
+        self._preallocate = preallocate
+
+    # --- loading ------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map every file in the directory, checking names, sizes and contiguity."""
+        os.makedirs(self.directory, exist_ok=True)
+        starts = []
+        for name in os.listdir(self.directory):
+            start = parse_file_name(name)
+            if start is None:
+                if not name.startswith("."):
+                    log.warning("ignoring %s: not a 20-digit segment name", os.path.join(self.directory, name))
+                continue
+            starts.append(start)
+        starts.sort()
+        for start in starts:
+            if start % self.file_size:
+                raise StoreError(f"{os.path.join(self.directory, file_name(start))}: start offset is not a "
+                                 f"multiple of the file size {self.file_size}; wrong segment size setting?")
+        for previous, start in zip(starts, starts[1:]):
+            if start != previous + self.file_size:
+                raise StoreError(f"{self.directory}: gap between {file_name(previous)} and {file_name(start)}")
+        self.files = [MappedFile(os.path.join(self.directory, file_name(s)), s, self.file_size, create=False)
+                      for s in starts]
+        if self._preallocate:
+            self._preallocator = _Preallocator(self)
+
+    def create_file(self, start_offset: int) -> MappedFile:
+        invariant(start_offset % self.file_size == 0, f"unaligned file start {start_offset}")
+        path = os.path.join(self.directory, file_name(start_offset))
+        return MappedFile(path, start_offset, self.file_size, create=True)
+
+    # --- addressing ---------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].start_offset if self.files else 0
+
+    @property
+    def last(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    def find(self, offset: int) -> MappedFile | None:
+        """The file holding ``offset``, None if it is outside every file."""
+        files = self.files  # one read: retention may replace the list concurrently
+        if not files:
+            return None
+        index = (offset - files[0].start_offset) // self.file_size
+        if 0 <= index < len(files):
+            mapped = files[index]
+            if mapped.start_offset <= offset < mapped.end_offset:
+                return mapped
+        return None
+
+    def roll(self, start_offset: int) -> MappedFile:
+        """Append the file starting at ``start_offset`` (taken from the preallocator if ready)."""
+        last = self.last
+        invariant(last is None or start_offset == last.end_offset, "roll must continue the last file")
+        mapped = self._preallocator.take(start_offset) if self._preallocator else None
+        if mapped is None:
+            mapped = self.create_file(start_offset)
+        self.files = self.files + [mapped]
+        if self._preallocator:
+            self._preallocator.request(start_offset + self.file_size)
+        return mapped
+
+    def request_ahead(self) -> None:
+        """Ask the preallocator for the file after the last one."""
+        if self._preallocator and self.files:
+            self._preallocator.request(self.files[-1].end_offset)
+
+    # --- cutting ------------------------------------------------------------------------
+    def truncate(self, offset: int) -> None:
+        """Drop everything at and past ``offset``: crash-safe in this order:
+
+        1. zero the first bytes at ``offset`` and sync, so a scan stops there;
+        2. delete later files, newest first;
+        3. zero the rest of the file holding ``offset`` and sync.
+        A crash between steps leaves a log whose scan still ends at ``offset``.
+        """
+        holder = self.find(offset)
+        if holder is not None:
+            position = offset - holder.start_offset
+            holder.zero(position, min(holder.size, position + 8))
+            holder.flush()
+        for mapped in reversed([m for m in self.files if m.start_offset > offset
+                                or (m.start_offset == offset and holder is not m)]):
+            mapped.destroy()
+        self.files = [m for m in self.files if m.start_offset < offset or m is holder]
+        if holder is not None:
+            holder.zero(offset - holder.start_offset)
+            holder.flush()
+        if self._preallocator:
+            # a file prepared for the old tail's next offset is the wrong one now
+            stale = self._preallocator.take(self.files[-1].end_offset if self.files else 0)
+            if stale is not None:
+                stale.destroy()
+
+    def delete_front(self, count: int) -> list[MappedFile]:
+        """Drop the first ``count`` files (never the last one). Returns what was removed."""
+        count = min(count, len(self.files) - 1)
+        if count <= 0:
+            return []
+        removed, self.files = self.files[:count], self.files[count:]
+        for mapped in removed:
+            mapped.destroy()
+        return removed
+
+    def reset_to(self, start_offset: int) -> MappedFile:
+        """Delete every file and start again with an empty file at ``start_offset``."""
+        for mapped in reversed(self.files):
+            mapped.destroy()
+        self.files = []
+        mapped = self.create_file(start_offset)
+        self.files = [mapped]
+        return mapped
+
+    def flush_range(self, start: int, end: int) -> None:
+        """fdatasync every file that holds bytes in [start, end)."""
+        for mapped in self.files:
+            if mapped.end_offset > start and mapped.start_offset < end:
+                mapped.flush()
+
+    def close(self) -> None:
+        if self._preallocator:
+            self._preallocator.stop()
+            self._preallocator = None
+        for mapped in self.files:
+            mapped.close()

@@ -1,0 +1,63 @@
+"""What callers put (Message) and what a put returns (PutStatus, PutResult)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .codec import StoredMessage  # re-exported: the decoded form
+
+__all__ = ["Message", "PutStatus", "PutResult", "StoredMessage"]
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to store. ``keys`` and ``tags`` become the KEYS and TAGS properties."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    keys: list[str] | tuple[str, ...] = ()
+    tags: str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0          # 0: the store stamps its own time
+    born_host: str = "127.0.0.1:0"
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+
+class PutStatus(enum.Enum):
+    """Outcome of a put, mirroring RocketMQ's PutMessageStatus."""
+
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    IN_SYNC_REPLICAS_NOT_ENOUGH = "IN_SYNC_REPLICAS_NOT_ENOUGH"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+
+    @property
+    def ok(self) -> bool:
+        return self is PutStatus.PUT_OK
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """One message's outcome. Offsets are -1 when nothing was written."""
+
+    status: PutStatus
+    physical_offset: int = -1
+    queue_offset: int = -1
+    message_id: str = ""
+    store_timestamp: int = 0
+    wrote_bytes: int = 0
+    reason: str = ""
+
+    @property
+    def end_offset(self) -> int:
+        """CommitLog offset just past this message: what flush and replication wait for."""
+        return self.physical_offset + self.wrote_bytes

@@ -1,0 +1,483 @@
+"""MessageStore: the single-node storage engine, composed of its parts.
+
+    {store_path}/commitlog/  consumequeue/  index/  config/  checkpoint  abort  lock
+
+It owns the parts (CommitLog, ConsumeQueueTable, IndexService, Dispatcher, FlushService,
+Checkpoint, ConfigStore, Retention) and wires them; none of them holds a reference back to
+it. Synchronous and thread-safe: puts serialise on the CommitLog's write lock, reads run
+concurrently, and three daemon threads do the background work (dispatch, flush,
+retention) plus one that preallocates the next segment.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from . import codec
+from .checkpoint import Checkpoint
+from .codec import StoredMessage
+from .commit_log import CommitLog, PreparedMessage
+from .config import StoreConfig
+from .config_files import ConfigStore
+from .dispatcher import ConsumeQueueTable, Dispatcher
+from .errors import MessageNotFound, StoreClosedError, StoreCorruptError, StoreError
+from .flush import FlushService
+from .index_file import IndexService
+from .message import Message, PutResult, PutStatus
+from .recovery import RecoveryReport, recover
+from .retention import Retention
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUE_ID = 2**31 - 1
+PULL_BATCH_MAX = 1024
+
+
+class GetStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MESSAGE = "NO_NEW_MESSAGE"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
+
+
+@dataclass(frozen=True, slots=True)
+class GetResult:
+    """A pull's answer: the messages and where the next pull should start."""
+
+    status: GetStatus
+    messages: list[StoredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """A snapshot of the store for status replies and metrics."""
+
+    min_physical_offset: int
+    max_physical_offset: int
+    flushed_offset: int
+    dispatched_offset: int
+    dispatch_lag_bytes: int
+    dispatched_messages: int
+    segments: int
+    consume_queues: int
+    index_files: int
+    put_messages: int
+    put_bytes: int
+    running: bool
+    recovery: RecoveryReport | None
+
+
+class MessageStore:
+    """The storage engine: put, pull, query, recover. See the package docstring for the API."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        root = config.store_path
+        self.root = root
+        self.commit_log = CommitLog(os.path.join(root, "commitlog"), config.commitlog_segment_bytes,
+                                    config.store_host, preallocate=config.preallocate_next_segment)
+        self.queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), config.consume_queue_entries_per_file)
+        self.index = IndexService(os.path.join(root, "index"), config.index_hash_slots, config.index_max_entries)
+        self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index, config.dispatch_batch_bytes_max)
+        self.checkpoint: Checkpoint | None = None
+        self.flusher: FlushService | None = None
+        self.retention: Retention | None = None
+        self.configs: ConfigStore | None = None
+        self.recovery: RecoveryReport | None = None
+        self.confirm_offset = 0
+        self._lock_fd: int | None = None
+        self._running = False
+        self._put_messages = 0
+        self._put_bytes = 0
+        self._abort_path = os.path.join(root, "abort")
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> RecoveryReport:
+        """Open the store directory, recover, and start the background threads."""
+        if self._running:
+            raise StoreError("store already started")
+        os.makedirs(self.root, exist_ok=True)
+        self._take_directory_lock()
+        try:
+            abnormal = os.path.exists(self._abort_path)
+            self.configs = ConfigStore(os.path.join(self.root, "config"))
+            self.checkpoint = Checkpoint(os.path.join(self.root, "checkpoint"))
+            self.commit_log.load()
+            self.queues.load()
+            self.index.load()
+            self._create_abort_file()
+            self.recovery = recover(self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint,
+                                    abnormal=abnormal)
+            self.confirm_offset = min(self.checkpoint.state.confirm_phy_offset, self.commit_log.max_offset)
+            self.flusher = FlushService(self.commit_log, self.dispatcher, self.checkpoint,
+                                        sync=self.config.flush == "sync",
+                                        flush_interval_ms=self.config.flush_interval_ms,
+                                        checkpoint_interval_ms=self.config.checkpoint_interval_ms,
+                                        confirm_offset=lambda: self.confirm_offset)
+            self.flusher.flush_now()
+            self.flusher.write_checkpoint()
+            self.retention = Retention(self.commit_log, self.queues, self.index, self.dispatcher, self.root,
+                                       file_reserved_hours=self.config.file_reserved_hours,
+                                       disk_max_used_ratio=self.config.disk_max_used_ratio,
+                                       interval_ms=self.config.retention_check_interval_ms)
+            self.commit_log.segments.request_ahead()
+            self.dispatcher.start()
+            self.flusher.start()
+            self.retention.start()
+            self._running = True
+        except BaseException:
+            self._close_files()
+            self._release_directory_lock()
+            raise
+        return self.recovery
+
+    def shutdown(self) -> None:
+        """Stop cleanly: dispatch and flush everything, write the checkpoint, remove ``abort``."""
+        if not self._running:
+            return
+        self._running = False
+        self.retention.stop()
+        self.dispatcher.stop()
+        self.dispatcher.catch_up()
+        self.flusher.stop()
+        self.flusher.flush_now()
+        self.flusher.write_checkpoint()
+        self.configs.persist_all()
+        self._close_files()
+        os.unlink(self._abort_path)
+        _fsync_directory(self.root)
+        self._release_directory_lock()
+
+    def halt(self) -> None:
+        """Stop the threads and let go of the files without any of shutdown's cleanup.
+
+        What is on disk afterwards is what a process killed at this moment leaves behind
+        (the ``abort`` file stays, nothing more is flushed or checkpointed). Tests and the
+        demo use it to rehearse a crash without a second process.
+        """
+        if not self._running:
+            return
+        self._running = False
+        self.retention.stop()
+        self.dispatcher.stop()
+        self.flusher.stop()
+        self._close_files()
+        self._release_directory_lock()
+
+    def _close_files(self) -> None:
+        self.commit_log.close()
+        self.queues.close()
+        self.index.close()
+        if self.checkpoint is not None:
+            self.checkpoint.close()
+            self.checkpoint = None
+
+    def _take_directory_lock(self) -> None:
+        self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StoreError(f"{self.root} is in use by another store (lock held)") from None
+            raise
+
+    def _release_directory_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _create_abort_file(self) -> None:
+        with open(self._abort_path, "wb") as handle:
+            os.fsync(handle.fileno())
+        _fsync_directory(self.root)
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise StoreClosedError("the store is not running: call start()")
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    # --- writing -------------------------------------------------------------------------
+    def prepare(self, message: Message) -> PreparedMessage | PutResult:
+        """Validate and pre-encode a message; a PutResult carries the refusal."""
+        problem = codec.topic_problem(message.topic)
+        if problem:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
+        body = message.body
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="body must be bytes")
+        body = bytes(body)
+        if len(body) > codec.MAX_BODY_BYTES:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL,
+                             reason=f"body is {len(body)} bytes, over the {codec.MAX_BODY_BYTES} byte limit")
+        if not isinstance(message.queue_id, int) or not 0 <= message.queue_id <= MAX_QUEUE_ID:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="queue id must be an int in [0, 2^31)")
+        properties_or_refusal = _properties_of(message)
+        if isinstance(properties_or_refusal, PutResult):
+            return properties_or_refusal
+        try:
+            born_host = codec.encode_host(message.born_host)
+        except ValueError as error:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=str(error))
+        topic_bytes = message.topic.encode("utf-8")
+        size = codec.message_size(topic_bytes, body, properties_or_refusal)
+        if size + codec.END_OF_SEGMENT_MIN_BLANK > self.config.commitlog_segment_bytes:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL,
+                             reason=f"message of {size} bytes cannot fit a {self.config.commitlog_segment_bytes} "
+                                    "byte segment")
+        return PreparedMessage(
+            message.topic, topic_bytes, message.queue_id, body, codec.crc32_body(body), properties_or_refusal,
+            message.flag, message.sys_flag, message.born_timestamp, born_host, message.reconsume_times,
+            message.prepared_transaction_offset, size,
+        )
+
+    def append(self, messages: list[Message]) -> list[PutResult]:
+        """Write messages without waiting for the disk; refused ones get their status."""
+        self._check_running()
+        results: list[PutResult | None] = []
+        prepared: list[PreparedMessage] = []
+        for message in messages:
+            outcome = self.prepare(message)
+            if isinstance(outcome, PutResult):
+                results.append(outcome)
+            else:
+                results.append(None)
+                prepared.append(outcome)
+        written = iter(self.commit_log.append(prepared)) if prepared else iter(())
+        merged = [result if result is not None else next(written) for result in results]
+        self.dispatcher.wake.set()
+        for result in merged:
+            if result.status is PutStatus.PUT_OK:
+                self._put_messages += 1
+                self._put_bytes += result.wrote_bytes
+        return merged
+
+    def put(self, message: Message) -> PutResult:
+        """Store one message; under ``flush: sync`` return once it is on disk."""
+        return self.put_batch([message])[0]
+
+    def put_batch(self, messages: list[Message]) -> list[PutResult]:
+        """Store many messages in one write (per segment). Each message gets its own result:
+        illegal ones are refused alone, the others are written."""
+        results = self.append(messages)
+        if self.config.flush == "sync":
+            end = max((r.end_offset for r in results if r.status is PutStatus.PUT_OK), default=0)
+            if end and not self.wait_flushed(end):
+                results = [PutResult(PutStatus.FLUSH_DISK_TIMEOUT, r.physical_offset, r.queue_offset, r.message_id,
+                                     r.store_timestamp, r.wrote_bytes, "not on disk within sync_flush_timeout_ms")
+                           if r.status is PutStatus.PUT_OK else r for r in results]
+        return results
+
+    def wait_flushed(self, offset: int, timeout_ms: int | None = None) -> bool:
+        """Block until the CommitLog is on disk up to ``offset``."""
+        self._check_running()
+        timeout_ms = self.config.sync_flush_timeout_ms if timeout_ms is None else timeout_ms
+        return self.flusher.wait_flushed(offset, timeout_ms / 1000)
+
+    # --- reading -------------------------------------------------------------------------
+    def pull(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32,
+             max_bytes: int = 8 * 1024 * 1024) -> GetResult:
+        """Messages of one queue from ``queue_offset``, at most ``max_count`` and about ``max_bytes``."""
+        self._check_running()
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
+        min_offset, max_offset = self._queue_min(queue), queue.max_offset
+        if queue_offset < min_offset:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], min_offset, min_offset, max_offset)
+        if queue_offset > max_offset:
+            return GetResult(GetStatus.OFFSET_OVERFLOW, [], max_offset, min_offset, max_offset)
+        if queue_offset == max_offset:
+            return GetResult(GetStatus.NO_NEW_MESSAGE, [], queue_offset, min_offset, max_offset)
+        messages: list[StoredMessage] = []
+        next_offset = queue_offset
+        total_bytes = 0
+        for entry in queue.entries(queue_offset, min(max_count, PULL_BATCH_MAX)):
+            try:
+                message = self.commit_log.read_message(entry.physical_offset, check_crc=self.config.check_crc_on_read)
+            except StoreCorruptError:
+                if messages:
+                    break
+                raise
+            except MessageNotFound:
+                next_offset = entry.queue_offset + 1  # deleted by retention meanwhile
+                continue
+            messages.append(message)
+            next_offset = entry.queue_offset + 1
+            total_bytes += message.total_size
+            if total_bytes >= max_bytes:
+                break
+        status = GetStatus.FOUND if messages else GetStatus.NO_NEW_MESSAGE
+        return GetResult(status, messages, next_offset, min_offset, max_offset)
+
+    def get(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32) -> list[StoredMessage]:
+        """Decoded messages of one queue from ``queue_offset`` (see ``pull`` for the details)."""
+        return self.pull(topic, queue_id, queue_offset, max_count).messages
+
+    def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**63 - 1,
+                     max_count: int = 32) -> list[StoredMessage]:
+        """Messages of ``topic`` whose KEYS hold ``key`` (or whose UNIQ_KEY is it), stored in
+        [begin_ms, end_ms]; the newest ``max_count``, returned oldest first."""
+        self._check_running()
+        key_hash = codec.index_key_hash(f"{topic}#{key}")
+        found: dict[int, StoredMessage] = {}
+        for offset in self.index.candidates(key_hash, begin_ms, end_ms):
+            if offset in found or offset < self.commit_log.min_offset or offset >= self.dispatcher.dispatched_offset:
+                continue
+            try:
+                message = self.commit_log.read_message(offset, check_crc=self.config.check_crc_on_read)
+            except (MessageNotFound, StoreCorruptError):
+                continue
+            if message.topic == topic and begin_ms <= message.store_timestamp <= end_ms and \
+                    (key in message.keys or message.uniq_key == key):
+                found[offset] = message
+                if len(found) >= max_count:
+                    break
+        return [found[offset] for offset in sorted(found)]
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The queue offset of the first message stored at or after ``timestamp_ms``
+        (max offset if every message is older). Binary search over the ConsumeQueue."""
+        self._check_running()
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return 0
+        low, high = self._queue_min(queue), queue.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            stored_at = self.commit_log.store_timestamp_at(queue.physical_offset_at(middle))
+            if stored_at < timestamp_ms:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        self._check_running()
+        queue = self.queues.get(topic, queue_id)
+        return self._queue_min(queue) if queue else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        self._check_running()
+        queue = self.queues.get(topic, queue_id)
+        return queue.max_offset if queue else 0
+
+    def _queue_min(self, queue) -> int:
+        """First entry whose message still exists (retention may have cut the log under it)."""
+        low, high = queue.min_offset, queue.max_offset
+        floor = self.commit_log.min_offset
+        if low >= high or queue.physical_offset_at(low) >= floor:
+            return low
+        while low < high:
+            middle = (low + high) // 2
+            if queue.physical_offset_at(middle) < floor:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def get_by_message_id(self, message_id: str) -> StoredMessage:
+        """The message an offset message id names; MessageNotFound if it is not here."""
+        self._check_running()
+        try:
+            host, offset = codec.parse_message_id(message_id)
+        except ValueError as error:
+            raise MessageNotFound(str(error)) from None
+        if offset >= self.dispatcher.dispatched_offset:
+            raise MessageNotFound(f"no message at offset {offset} yet")
+        message = self.commit_log.read_message(offset, check_crc=self.config.check_crc_on_read)
+        if message.physical_offset != offset or message.store_host != host:
+            raise MessageNotFound(f"message id {message_id} names {host} offset {offset}, which holds another message")
+        return message
+
+    def topics(self) -> dict[str, list[int]]:
+        """Topics with their queue ids, as the ConsumeQueues know them."""
+        return self.queues.topics()
+
+    # --- background hooks ----------------------------------------------------------------
+    def add_dispatch_listener(self, listener) -> None:
+        """``listener(dispatched_offset, grown_queues)`` after each dispatch pass (dispatcher thread)."""
+        self.dispatcher.add_listener(listener)
+
+    def run_retention(self, now_ms: int | None = None) -> int:
+        """One retention pass now; returns the number of CommitLog segments deleted."""
+        self._check_running()
+        return self.retention.run_once(now_ms)
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            min_physical_offset=self.commit_log.min_offset, max_physical_offset=self.commit_log.max_offset,
+            flushed_offset=self.commit_log.flushed_offset, dispatched_offset=self.dispatcher.dispatched_offset,
+            dispatch_lag_bytes=self.dispatcher.lag_bytes, dispatched_messages=self.dispatcher.dispatched_messages,
+            segments=len(self.commit_log.segments.files), consume_queues=len(self.queues.queues),
+            index_files=len(self.index.files), put_messages=self._put_messages, put_bytes=self._put_bytes,
+            running=self._running, recovery=self.recovery,
+        )
+
+    def wait_dispatched(self, offset: int | None = None, timeout_s: float = 10.0) -> bool:
+        """Block until the dispatcher has reached ``offset`` (default: everything written)."""
+        target = self.commit_log.max_offset if offset is None else offset
+        deadline = time.monotonic() + timeout_s
+        while self.dispatcher.dispatched_offset < target:
+            if time.monotonic() > deadline or self.dispatcher.error is not None:
+                return False
+            self.dispatcher.wake.set()
+            time.sleep(0.001)
+        return True
+
+    def __enter__(self) -> "MessageStore":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _properties_of(message: Message) -> bytes | PutResult:
+    properties = dict(message.properties or {})
+    for name in (codec.PROPERTY_HCRC,):
+        if name in properties:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"property {name} is reserved for the store")
+    if message.keys:
+        keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
+        for key in keys:
+            if not isinstance(key, str) or not key or codec.KEY_SEPARATOR in key:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"key {key!r} must be a non-empty string without spaces")
+        properties[codec.PROPERTY_KEYS] = codec.KEY_SEPARATOR.join(keys)
+    if message.tags:
+        properties[codec.PROPERTY_TAGS] = message.tags
+    for name, value in properties.items():
+        if not isinstance(name, str) or not isinstance(value, str) or not name:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property names and values must be strings")
+        problem = codec.property_text_problem(name) or codec.property_text_problem(value)
+        if problem:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
+    encoded = codec.encode_properties(properties)
+    if len(encoded) + codec.HCRC_PROPERTY_BYTES > codec.MAX_PROPERTIES_BYTES:
+        return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                         reason=f"properties take {len(encoded)} bytes; at most "
+                                f"{codec.MAX_PROPERTIES_BYTES - codec.HCRC_PROPERTY_BYTES} fit")
+    return encoded
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
