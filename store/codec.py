@@ -28,7 +28,8 @@ hastore adds one property to every message it writes, ``HCRC``: eight hex digits
 CRC32 of the whole message except the body (already covered by BODYCRC) and the digits
 themselves. v1's BODYCRC leaves every header field unprotected; with HCRC a flipped bit
 anywhere in a message is caught by recovery and by reads. Messages without HCRC (written
-by other RocketMQ-format tools) are still accepted with the body check alone.
+by other RocketMQ-format tools) are accepted with the body check alone only when the
+reader passes ``require_hcrc=False``; the store itself always requires HCRC.
 """
 
 from __future__ import annotations
@@ -226,6 +227,21 @@ def topic_problem(topic: str) -> str | None:
 
 
 # --- encoding ----------------------------------------------------------------------------
+def encode_message_pieces(topic_bytes, queue_id, body, body_crc, properties_bytes, flag, queue_offset,
+                          physical_offset, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
+                          reconsume_times, prepared_transaction_offset, _pack=HEADER.pack, _crc=zlib.crc32):
+    """Positional form of :func:`encode_message` for the writer's hot loop."""
+    properties_length = len(properties_bytes) + HCRC_PROPERTY_BYTES
+    header = _pack(
+        FIXED_SIZE + len(body) + len(topic_bytes) + properties_length, MESSAGE_MAGIC, body_crc, queue_id, flag,
+        queue_offset, physical_offset, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
+        reconsume_times, prepared_transaction_offset, len(body),
+    )
+    tail = b"%c%s%s%s" % (len(topic_bytes), topic_bytes, properties_length.to_bytes(2, "big"),
+                          properties_bytes) + HCRC_PREFIX
+    return header, body, tail, b"%08x\x02" % _crc(tail, _crc(header))
+
+
 def encode_message(
     *,
     topic_bytes: bytes,
@@ -250,19 +266,9 @@ def encode_message(
     appended here. The pieces are returned unjoined so a batch writer can join a whole
     batch at once.
     """
-    properties_length = len(properties_bytes) + HCRC_PROPERTY_BYTES
-    total_size = FIXED_SIZE + len(body) + len(topic_bytes) + properties_length
-    header = HEADER.pack(
-        total_size, MESSAGE_MAGIC, body_crc, queue_id, flag, queue_offset, physical_offset,
-        sys_flag, born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
-        prepared_transaction_offset, len(body),
-    )
-    tail = b"".join((
-        TOPIC_LEN.pack(len(topic_bytes)), topic_bytes, PROPS_LEN.pack(properties_length),
-        properties_bytes, HCRC_PREFIX,
-    ))
-    crc = zlib.crc32(tail, zlib.crc32(header))
-    return [header, body, tail, b"%08x\x02" % crc]
+    return list(encode_message_pieces(
+        topic_bytes, queue_id, body, body_crc, properties_bytes, flag, queue_offset, physical_offset, sys_flag,
+        born_timestamp, born_host, store_timestamp, store_host, reconsume_times, prepared_transaction_offset))
 
 
 def message_size(topic_bytes: bytes, body: bytes, properties_bytes: bytes) -> int:
@@ -331,12 +337,15 @@ class RecordHeader:
     total_size: int
 
 
-def check_record(buffer, position: int, limit: int, *, check_crc: bool = True) -> RecordHeader:
+def check_record(buffer, position: int, limit: int, *, check_crc: bool = True,
+                 require_hcrc: bool = True) -> RecordHeader:
     """Validate the record at ``position`` (not past ``limit``); raise CorruptMessage.
 
     Checks the magic, that every length field adds up to TOTALSIZE, the body CRC and the
     HCRC property. A zero TOTALSIZE (unwritten space) is reported as CorruptMessage too;
-    callers that scan treat it as the end of the log.
+    callers that scan treat it as the end of the log. A message without HCRC is corrupt
+    unless ``require_hcrc`` is False (readers of other RocketMQ tools' logs): otherwise a
+    flipped byte in the "HCRC" name would silently turn the header check off.
     """
     if position + BLANK_HEADER.size > limit:
         raise CorruptMessage(f"no room for a record header at {position}")
@@ -361,11 +370,12 @@ def check_record(buffer, position: int, limit: int, *, check_crc: bool = True) -
     if props_at + PROPS_LEN.size + props_length != position + total_size:
         raise CorruptMessage(f"lengths do not add up to total size {total_size} at {position}")
     if check_crc:
-        _check_crcs(buffer, position, total_size, body_length, props_length)
+        _check_crcs(buffer, position, total_size, body_length, props_length, require_hcrc)
     return RecordHeader(False, total_size)
 
 
-def _check_crcs(buffer, position: int, total_size: int, body_length: int, props_length: int) -> None:
+def _check_crcs(buffer, position: int, total_size: int, body_length: int, props_length: int,
+                require_hcrc: bool) -> None:
     body_at = position + HEADER.size
     body_crc = struct.unpack_from(">i", buffer, position + 8)[0]
     if zlib.crc32(buffer[body_at:body_at + body_length]) & 0x7FFFFFFF != body_crc:
@@ -378,13 +388,17 @@ def _check_crcs(buffer, position: int, total_size: int, body_length: int, props_
         except ValueError:
             raise CorruptMessage(f"HCRC digits unreadable at {position}") from None
         crc = zlib.crc32(buffer[body_at + body_length:end - HCRC_VALUE_BYTES], zlib.crc32(buffer[position:body_at]))
-        if crc != stored or buffer[end - 1] != 2:
+        # compare the exact digits: int() would accept 'A' for 'a', a space for a leading '0'
+        if crc != stored or digits != b"%08x" % crc or buffer[end - 1] != 2:
             raise CorruptMessage(f"header CRC (HCRC) mismatch at {position}")
+    elif require_hcrc:
+        raise CorruptMessage(f"no HCRC property at {position}")
 
 
-def decode_message(buffer, position: int = 0, *, check_crc: bool = True) -> StoredMessage:
+def decode_message(buffer, position: int = 0, *, check_crc: bool = True,
+                   require_hcrc: bool = True) -> StoredMessage:
     """Decode the message at ``position``; raise CorruptMessage if it is not whole and valid."""
-    header = check_record(buffer, position, len(buffer), check_crc=check_crc)
+    header = check_record(buffer, position, len(buffer), check_crc=check_crc, require_hcrc=require_hcrc)
     if header.is_blank:
         raise CorruptMessage(f"blank record at {position}, not a message")
     (total_size, magic, body_crc, queue_id, flag, queue_offset, physical_offset, sys_flag,
@@ -423,7 +437,7 @@ class DispatchRecord:
     uniq_key: str | None
 
 
-_DISPATCH_FIELDS = struct.Struct(">i12xi4xq")  # TOTALSIZE, QUEUEID, QUEUEOFFSET
+_DISPATCH_FIELDS = struct.Struct(">i8xi4xq")  # TOTALSIZE@0, QUEUEID@12, QUEUEOFFSET@20
 
 
 def read_dispatch_record(buffer, position: int) -> DispatchRecord:

@@ -61,6 +61,7 @@ class CommitLog:
         self.segment_bytes = segment_bytes
         self.store_host = store_host
         self.store_host_bytes = codec.encode_host(store_host)
+        self._message_id_prefix = self.store_host_bytes.hex().upper()
         self.max_offset = 0            # end of the last whole record
         self.flushed_offset = 0        # everything below is on disk
         self.queue_offsets: dict[tuple[str, int], int] = {}
@@ -117,29 +118,29 @@ class CommitLog:
         pending_offsets: dict[tuple[str, int], int] = {}
         queue_offsets = self.queue_offsets
         store_host = self.store_host_bytes
-        encode = codec.encode_message
+        id_prefix = self._message_id_prefix
+        encode = codec.encode_message_pieces
+        ok = PutStatus.PUT_OK
+        room = segment_end - codec.END_OF_SEGMENT_MIN_BLANK
         count = len(batch)
         while index < count:
             message = batch[index]
-            if position + message.size + codec.END_OF_SEGMENT_MIN_BLANK > segment_end:
+            size = message.size
+            if position + size > room:
                 break
             queue_key = (message.topic, message.queue_id)
             queue_offset = pending_offsets.get(queue_key)
             if queue_offset is None:
                 queue_offset = queue_offsets.get(queue_key, 0)
             pieces += encode(
-                topic_bytes=message.topic_bytes, queue_id=message.queue_id, body=message.body,
-                body_crc=message.body_crc, properties_bytes=message.properties_bytes, flag=message.flag,
-                queue_offset=queue_offset, physical_offset=position, sys_flag=message.sys_flag,
-                born_timestamp=message.born_timestamp or store_timestamp, born_host=message.born_host,
-                store_timestamp=store_timestamp, store_host=store_host,
-                reconsume_times=message.reconsume_times,
-                prepared_transaction_offset=message.prepared_transaction_offset,
+                message.topic_bytes, message.queue_id, message.body, message.body_crc, message.properties_bytes,
+                message.flag, queue_offset, position, message.sys_flag,
+                message.born_timestamp or store_timestamp, message.born_host, store_timestamp, store_host,
+                message.reconsume_times, message.prepared_transaction_offset,
             )
             pending_offsets[queue_key] = queue_offset + 1
-            results.append(PutResult(PutStatus.PUT_OK, position, queue_offset,
-                                     codec.message_id(store_host, position), store_timestamp, message.size))
-            position += message.size
+            results.append(PutResult(ok, position, queue_offset, f"{id_prefix}{position:016X}", store_timestamp, size))
+            position += size
             index += 1
         if pieces:
             data = b"".join(pieces)

@@ -17,8 +17,6 @@ import os
 from .errors import DiskFullError, StoreError
 
 NAME_DIGITS = 20
-MADV_POPULATE_WRITE = 23  # Linux >= 5.14; Python 3.11's mmap module has no name for it
-_PAGE_BYTES = mmap.PAGESIZE
 
 
 def file_name(start_offset: int) -> str:
@@ -63,12 +61,13 @@ class MappedFile:
         return self.start_offset + self.size
 
     def populate(self) -> None:
-        """Fault every page in ahead of the writer, so appends do not stall on page faults."""
-        try:
-            self.mm.madvise(MADV_POPULATE_WRITE)
-        except OSError:
-            for position in range(0, self.size, _PAGE_BYTES):
-                self.mm[position] = self.mm[position]
+        """Bring the file's pages in ahead of the writer, so appends fault less.
+
+        Read-ahead only (MADV_WILLNEED): a write-populate would dirty every page of the
+        segment at once, and the flusher would then write a whole segment of zeros back
+        while the writer stalls on pages under writeback.
+        """
+        self.mm.madvise(mmap.MADV_WILLNEED)
 
     def flush(self) -> None:
         """Make everything written so far durable."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .codec import StoredMessage  # re-exported: the decoded form
 
@@ -45,9 +46,12 @@ class PutStatus(enum.Enum):
         return self is PutStatus.PUT_OK
 
 
-@dataclass(frozen=True, slots=True)
-class PutResult:
-    """One message's outcome. Offsets are -1 when nothing was written."""
+class PutResult(NamedTuple):
+    """One message's outcome. Offsets are -1 when nothing was written.
+
+    A NamedTuple rather than a frozen dataclass: a batch put builds one per message, and
+    tuple construction is several times cheaper on the hot path.
+    """
 
     status: PutStatus
     physical_offset: int = -1

@@ -14,10 +14,12 @@ from __future__ import annotations
 import enum
 import errno
 import fcntl
+import json
 import logging
 import os
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 
 from . import codec
@@ -25,9 +27,9 @@ from .checkpoint import Checkpoint
 from .codec import StoredMessage
 from .commit_log import CommitLog, PreparedMessage
 from .config import StoreConfig
-from .config_files import ConfigStore
+from .config_files import ConfigStore, write_atomically
 from .dispatcher import ConsumeQueueTable, Dispatcher
-from .errors import MessageNotFound, StoreClosedError, StoreCorruptError, StoreError
+from .errors import MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError
 from .flush import FlushService
 from .index_file import IndexService
 from .message import Message, PutResult, PutStatus
@@ -101,6 +103,8 @@ class MessageStore:
         self._put_messages = 0
         self._put_bytes = 0
         self._abort_path = os.path.join(root, "abort")
+        self._topic_cache: dict[str, bytes] = {}
+        self._host_cache: dict[str, bytes] = {}
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> RecoveryReport:
@@ -112,6 +116,7 @@ class MessageStore:
         try:
             abnormal = os.path.exists(self._abort_path)
             self.configs = ConfigStore(os.path.join(self.root, "config"))
+            _check_layout(os.path.join(self.root, "config", LAYOUT_FILE), self.config)
             self.checkpoint = Checkpoint(os.path.join(self.root, "checkpoint"))
             self.commit_log.load()
             self.queues.load()
@@ -214,34 +219,49 @@ class MessageStore:
 
     # --- writing -------------------------------------------------------------------------
     def prepare(self, message: Message) -> PreparedMessage | PutResult:
-        """Validate and pre-encode a message; a PutResult carries the refusal."""
-        problem = codec.topic_problem(message.topic)
-        if problem:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
+        """Validate and pre-encode a message; a PutResult carries the refusal.
+
+        Runs outside the write lock, so batches from several callers encode in parallel
+        with the writer. Topic and host checks are cached: they repeat across messages.
+        """
+        topic = message.topic
+        topic_bytes = self._topic_cache.get(topic)
+        if topic_bytes is None:
+            problem = codec.topic_problem(topic)
+            if problem:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
+            topic_bytes = topic.encode("utf-8")
+            if len(self._topic_cache) < 100_000:
+                self._topic_cache[topic] = topic_bytes
         body = message.body
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="body must be bytes")
-        body = bytes(body)
+        if type(body) is not bytes:
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="body must be bytes")
+            body = bytes(body)
         if len(body) > codec.MAX_BODY_BYTES:
             return PutResult(PutStatus.MESSAGE_ILLEGAL,
                              reason=f"body is {len(body)} bytes, over the {codec.MAX_BODY_BYTES} byte limit")
-        if not isinstance(message.queue_id, int) or not 0 <= message.queue_id <= MAX_QUEUE_ID:
+        queue_id = message.queue_id
+        if type(queue_id) is not int or not 0 <= queue_id <= MAX_QUEUE_ID:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="queue id must be an int in [0, 2^31)")
-        properties_or_refusal = _properties_of(message)
-        if isinstance(properties_or_refusal, PutResult):
-            return properties_or_refusal
-        try:
-            born_host = codec.encode_host(message.born_host)
-        except ValueError as error:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=str(error))
-        topic_bytes = message.topic.encode("utf-8")
-        size = codec.message_size(topic_bytes, body, properties_or_refusal)
+        properties = _properties_of(message)
+        if type(properties) is PutResult:
+            return properties
+        born_host = self._host_cache.get(message.born_host)
+        if born_host is None:
+            try:
+                born_host = codec.encode_host(message.born_host)
+            except (ValueError, TypeError, AttributeError) as error:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"born_host: {error}")
+            if len(self._host_cache) < 100_000:
+                self._host_cache[message.born_host] = born_host
+        size = codec.FIXED_SIZE + codec.HCRC_PROPERTY_BYTES + len(body) + len(topic_bytes) + len(properties)
         if size + codec.END_OF_SEGMENT_MIN_BLANK > self.config.commitlog_segment_bytes:
             return PutResult(PutStatus.MESSAGE_ILLEGAL,
                              reason=f"message of {size} bytes cannot fit a {self.config.commitlog_segment_bytes} "
                                     "byte segment")
         return PreparedMessage(
-            message.topic, topic_bytes, message.queue_id, body, codec.crc32_body(body), properties_or_refusal,
+            topic, topic_bytes, queue_id, body, zlib.crc32(body) & 0x7FFFFFFF, properties,
             message.flag, message.sys_flag, message.born_timestamp, born_host, message.reconsume_times,
             message.prepared_transaction_offset, size,
         )
@@ -449,30 +469,59 @@ class MessageStore:
 
 
 def _properties_of(message: Message) -> bytes | PutResult:
-    properties = dict(message.properties or {})
-    for name in (codec.PROPERTY_HCRC,):
-        if name in properties:
+    """The encoded properties (KEYS and TAGS folded in), or the refusal."""
+    pairs = []
+    for name, value in (message.properties or {}).items():
+        if type(name) is not str or type(value) is not str or not name:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property names and values must be non-empty strings")
+        if name == codec.PROPERTY_HCRC:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"property {name} is reserved for the store")
-    if message.keys:
-        keys = [message.keys] if isinstance(message.keys, str) else list(message.keys)
+        if name == codec.PROPERTY_KEYS or name == codec.PROPERTY_TAGS:
+            if (name == codec.PROPERTY_KEYS and message.keys) or (name == codec.PROPERTY_TAGS and message.tags):
+                continue  # the fields win over a property of the same name
+        pairs.append(f"{name}\x01{value}\x02")
+    keys = message.keys
+    if keys:
+        if type(keys) is str:
+            keys = (keys,)
         for key in keys:
-            if not isinstance(key, str) or not key or codec.KEY_SEPARATOR in key:
+            if type(key) is not str or not key or " " in key:
                 return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"key {key!r} must be a non-empty string without spaces")
-        properties[codec.PROPERTY_KEYS] = codec.KEY_SEPARATOR.join(keys)
-    if message.tags:
-        properties[codec.PROPERTY_TAGS] = message.tags
-    for name, value in properties.items():
-        if not isinstance(name, str) or not isinstance(value, str) or not name:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property names and values must be strings")
-        problem = codec.property_text_problem(name) or codec.property_text_problem(value)
-        if problem:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
-    encoded = codec.encode_properties(properties)
+        pairs.append(f"KEYS\x01{' '.join(keys)}\x02")
+    tags = message.tags
+    if tags:
+        if type(tags) is not str:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="tags must be a string")
+        pairs.append(f"TAGS\x01{tags}\x02")
+    text = "".join(pairs)
+    # every separator must be one this function wrote: none may come from a name or value
+    if text.count("\x01") != len(pairs) or text.count("\x02") != len(pairs):
+        return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property keys and values must not contain \\x01 or \\x02")
+    encoded = text.encode("utf-8")
     if len(encoded) + codec.HCRC_PROPERTY_BYTES > codec.MAX_PROPERTIES_BYTES:
         return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
                          reason=f"properties take {len(encoded)} bytes; at most "
                                 f"{codec.MAX_PROPERTIES_BYTES - codec.HCRC_PROPERTY_BYTES} fit")
     return encoded
+
+
+LAYOUT_FILE = "storeLayout.json"
+LAYOUT_KEYS = ("commitlog_segment_bytes", "consume_queue_entries_per_file", "index_hash_slots", "index_max_entries")
+
+
+def _check_layout(path: str, config: StoreConfig) -> None:
+    """The file sizes a store directory was made with; other settings would misread it."""
+    wanted = {key: getattr(config, key) for key in LAYOUT_KEYS}
+    if os.path.exists(path):
+        with open(path, "rb") as handle:
+            existing = json.loads(handle.read() or b"{}")
+        changed = [f"{key} is {existing[key]} in this store, {wanted[key]} in the config"
+                   for key in LAYOUT_KEYS if key in existing and existing[key] != wanted[key]]
+        if changed:
+            raise StoreConfigError(f"{os.path.dirname(os.path.dirname(path))}: " + "; ".join(changed))
+        if all(key in existing for key in LAYOUT_KEYS):
+            return
+    write_atomically(path, json.dumps(wanted, indent=2).encode("utf-8"))
 
 
 def _fsync_directory(path: str) -> None:
