@@ -63,9 +63,8 @@ class Checkpoint:
                     best = state
         if best is not None:
             return best, True
-        # a RocketMQ-written file: timestamps only, no offsets we can trust
-        legacy = BODY.unpack_from(self.mm, 0)
-        return CheckpointState(*legacy[:4]), False
+        # unwritten, torn in both copies, or not ours: trust none of it
+        return CheckpointState(), False
 
     def write(self, state: CheckpointState) -> None:
         """Write both copies and sync."""

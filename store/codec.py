@@ -132,9 +132,13 @@ def utf16_length(text: str) -> int:
 
 def combine_hash(prefix_hash: int, suffix: str) -> int:
     """Unsigned hash of prefix + suffix from the prefix's unsigned hash."""
-    length = utf16_length(suffix)
+    if suffix.isascii():
+        units: bytes | memoryview = suffix.encode("ascii")
+    else:
+        units = memoryview(suffix.encode(_UTF16_NATIVE)).cast("H")
+    length = len(units)
     power = _POW31[length] if length < len(_POW31) else pow(31, length, 1 << 32)
-    return (prefix_hash * power + java_hash_unsigned(suffix)) & 0xFFFFFFFF
+    return (prefix_hash * power + sum(map(mul, units, _reversed_powers(length)))) & 0xFFFFFFFF
 
 
 def index_key_hash(text: str) -> int:

@@ -99,6 +99,7 @@ class Dispatcher:
         self.wake = threading.Event()
         self._listeners: list[DispatchListener] = []
         self._topic_hash_prefix: dict[str, int] = {}
+        self._tags_codes: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.error: BaseException | None = None
@@ -126,7 +127,9 @@ class Dispatcher:
             count = 0
             offset = start
             last_timestamp = self.last_store_timestamp
-            index_put = self.index.put
+            index_entries: list[tuple[int, int, int]] = []
+            add_index_entry = index_entries.append
+            tags_codes = self._tags_codes
             prefix_hashes = self._topic_hash_prefix
             key_hash = codec.index_key_hash_with_prefix
             pack_entry = ENTRY.pack
@@ -153,7 +156,15 @@ class Dispatcher:
                             uniq = value
                 queue_key = (topic, queue_id)
                 run = pending.get(queue_key)
-                entry = pack_entry(physical_offset, size, codec.java_hash(tags) if tags else 0)
+                if tags:
+                    tags_code = tags_codes.get(tags)
+                    if tags_code is None:
+                        tags_code = codec.java_hash(tags)
+                        if len(tags_codes) < 65536:
+                            tags_codes[tags] = tags_code
+                else:
+                    tags_code = 0
+                entry = pack_entry(physical_offset, size, tags_code)
                 if run is None:
                     pending[queue_key] = [queue_offset, [entry]]
                 elif run[0] + len(run[1]) == queue_offset:
@@ -168,12 +179,14 @@ class Dispatcher:
                     if keys:
                         for key in keys.split(" "):
                             if key:
-                                index_put(key_hash(prefix, key), physical_offset, store_timestamp)
+                                add_index_entry((key_hash(prefix, key), physical_offset, store_timestamp))
                     if uniq:
-                        index_put(key_hash(prefix, uniq), physical_offset, store_timestamp)
+                        add_index_entry((key_hash(prefix, uniq), physical_offset, store_timestamp))
                 last_timestamp = store_timestamp
                 offset = physical_offset + size
                 count += 1
+            if index_entries:
+                self.index.put_many(index_entries)
             for queue_key, run in pending.items():
                 self._write_queue(queue_key, run)
             self.last_store_timestamp = last_timestamp

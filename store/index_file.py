@@ -30,6 +30,7 @@ import logging
 import mmap
 import os
 import struct
+import time
 from dataclasses import dataclass
 
 from .errors import StoreError, invariant
@@ -45,6 +46,7 @@ ENTRY = struct.Struct(">iqii")
 ENTRY_BYTES = ENTRY.size
 assert ENTRY_BYTES == 20
 _COUNT_AT = 36
+_COUNT = struct.Struct(">i")
 _INT_MAX = 2**31 - 1
 
 
@@ -148,6 +150,54 @@ class IndexFile:
         else:
             struct.pack_into(">i", mm, _COUNT_AT, count + 1)
         return True
+
+    def put_many(self, entries: list[tuple[int, int, int]], start: int) -> int:
+        """Add entries[start:] (key hash, offset, store time) until full; return the next index.
+
+        The loop of ``put`` with everything in locals and the header written once per call:
+        the dispatcher's hot path. Per entry the write order is still entry, then slot,
+        then count, so ``rollback`` can undo a call cut off anywhere.
+        """
+        header = self.header
+        count = header.index_count
+        if count <= 1 and start < len(entries):
+            if not self.put(*entries[start]):
+                return start
+            start += 1
+            count = header.index_count
+        mm = self.mm
+        slots = self.hash_slots
+        limit = self.max_entries
+        entries_at = self._entries_at
+        begin = header.begin_timestamp
+        unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
+        pack_count = _COUNT.pack_into
+        index = start
+        total = len(entries)
+        while index < total and count < limit:
+            key_hash, physical_offset, store_timestamp = entries[index]
+            slot_at = HEADER_BYTES + (key_hash % slots) * SLOT_BYTES
+            previous = unpack_slot(mm, slot_at)[0]
+            if previous <= 0 or previous > count:
+                previous = 0
+            time_diff = (store_timestamp - begin) // 1000
+            if time_diff < 0:
+                time_diff = 0
+            elif time_diff > _INT_MAX:
+                time_diff = _INT_MAX
+            pack_entry(mm, entries_at + count * ENTRY_BYTES, key_hash, physical_offset, time_diff, previous)
+            pack_slot(mm, slot_at, count)
+            count += 1
+            pack_count(mm, _COUNT_AT, count)
+            index += 1
+        added = index - start
+        if added:
+            last_hash, last_offset, last_time = entries[index - 1]
+            header.hash_slot_count += added
+            header.index_count = count
+            header.end_physical_offset = last_offset
+            header.end_timestamp = last_time
+        return index
 
     def write_header(self) -> None:
         h = self.header
@@ -316,8 +366,18 @@ class IndexService:
     def put(self, key_hash: int, physical_offset: int, store_timestamp: int) -> None:
         index_file = self.files[-1] if self.files else None
         if index_file is None or not index_file.put(key_hash, physical_offset, store_timestamp):
-            index_file = self._writable(store_timestamp)
+            index_file = self._writable(time.time_ns() // 1_000_000)
             invariant(index_file.put(key_hash, physical_offset, store_timestamp), "fresh index file takes a key")
+        self.dirty = True
+
+    def put_many(self, entries: list[tuple[int, int, int]]) -> None:
+        """Add (key hash, offset, store time) entries in order, opening new files as they fill."""
+        index = 0
+        while index < len(entries):
+            index_file = self.files[-1] if self.files else None
+            if index_file is None or index_file.is_full:
+                index_file = self._writable(time.time_ns() // 1_000_000)
+            index = index_file.put_many(entries, index)
         self.dirty = True
 
     def candidates(self, key_hash: int, begin_ms: int, end_ms: int):
