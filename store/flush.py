@@ -113,6 +113,10 @@ class FlushService:
                         self._condition.wait(self.flush_interval_s)
                 else:
                     self._condition.wait(self.flush_interval_s)
+                if self._stopping:
+                    # woken by stop(): shutdown flushes by itself; halt() must leave the
+                    # files exactly as a kill at this moment would
+                    return
             try:
                 self.flush_now()
                 if time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s:

@@ -199,10 +199,14 @@ class IndexFile:
             header.end_timestamp = last_time
         return index
 
-    def write_header(self) -> None:
+    def write_header(self, *, lowering_count: bool = False) -> None:
+        """Write the header fields. The count on disk only grows unless ``lowering_count``:
+        the flush thread may write a header while a dispatch pass is adding entries whose
+        count the pass has already stored."""
         h = self.header
+        count = h.index_count if lowering_count else max(h.index_count, _COUNT.unpack_from(self.mm, _COUNT_AT)[0])
         HEADER.pack_into(self.mm, 0, h.begin_timestamp, h.end_timestamp, h.begin_physical_offset,
-                         h.end_physical_offset, h.hash_slot_count, h.index_count)
+                         h.end_physical_offset, h.hash_slot_count, count)
 
     # --- reading -------------------------------------------------------------------------
     def entry(self, number: int) -> tuple[int, int, int, int]:
@@ -274,7 +278,7 @@ class IndexFile:
             else:
                 header.begin_timestamp = header.end_timestamp = 0
                 header.begin_physical_offset = header.end_physical_offset = 0
-            self.write_header()
+            self.write_header(lowering_count=True)
         return removed
 
     def slots_consistent(self) -> bool:

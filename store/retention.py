@@ -54,22 +54,17 @@ class Retention:
         now = now_ms() if now is None else now
         files = self.commit_log.segments.files
         safe_end = min(self.commit_log.flushed_offset, self.dispatcher.dispatched_offset)
-        over_disk = self.disk_used_ratio() > self.disk_max_used_ratio
+        bytes_to_free = max(0.0, self.disk_used_ratio() - self.disk_max_used_ratio) * self._disk_bytes()
         doomed = 0
         for segment, following in zip(files, files[1:]):
-            if following.end_offset > safe_end and following.start_offset >= safe_end:
-                break
             if segment.end_offset > safe_end:
                 break
             newest = self._first_timestamp(following)
             expired = newest is not None and now - newest > self.reserved_ms
-            if not (expired or over_disk):
+            if not expired and bytes_to_free <= 0:
                 break
             doomed += 1
-            if over_disk and not expired:
-                # each deletion frees a segment; re-check before taking the next one
-                over_disk = self.disk_used_ratio() - (doomed * segment.size) / max(1, self._disk_bytes()) \
-                    > self.disk_max_used_ratio
+            bytes_to_free -= segment.size
         if not doomed:
             return 0
         removed = self.commit_log.segments.delete_front(doomed)
