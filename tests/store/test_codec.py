@@ -1,0 +1,294 @@
+"""The CommitLog codec, byte by byte, against the RocketMQ v1 table (seeds 000, 001)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from store import codec
+
+BODY = b"hello, commit log"
+TOPIC = b"TopicTest"
+PROPERTIES = {"KEYS": "k1 k2", "TAGS": "TagA", "UNIQ_KEY": "ABCDEF", "user": "v\u00e9"}
+FIELDS = dict(
+    queue_id=3, flag=0x01020304, queue_offset=0x1122334455667788, physical_offset=0x0102030405060708,
+    sys_flag=0x0A0B0C0D, born_timestamp=1_700_000_000_123, store_timestamp=1_700_000_000_456,
+    reconsume_times=7, prepared_transaction_offset=0x7EADBEEFCAFEBABE,
+)
+BORN_HOST = "10.1.2.3:5555"
+STORE_HOST = "192.168.7.9:10911"
+
+
+def encode(body=BODY, topic=TOPIC, properties=PROPERTIES, **changes) -> bytes:
+    fields = {**FIELDS, **changes}
+    pieces = codec.encode_message(
+        topic_bytes=topic, body=body, body_crc=codec.crc32_body(body),
+        properties_bytes=codec.encode_properties(properties),
+        born_host=codec.encode_host(BORN_HOST), store_host=codec.encode_host(STORE_HOST), **fields)
+    return b"".join(pieces)
+
+
+def be(raw: bytes, at: int, size: int) -> int:
+    return int.from_bytes(raw[at:at + size], "big", signed=True)
+
+
+def java_hash_reference(text: str) -> int:
+    """String.hashCode written the way the JDK does it: a loop over UTF-16 code units."""
+    units = text.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i:i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+# --- the 17 fields ----------------------------------------------------------------------
+def test_every_field_at_its_v1_position_and_size():
+    raw = encode()
+    props_bytes = codec.encode_properties(PROPERTIES)
+    expected_size = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + (4 + len(BODY)) + (1 + len(TOPIC)) \
+        + (2 + len(props_bytes) + codec.HCRC_PROPERTY_BYTES)
+    assert len(raw) == expected_size
+    assert be(raw, 0, 4) == len(raw)                                    # 1 TOTALSIZE
+    assert raw[4:8] == bytes.fromhex("DAA320A7")                        # 2 MAGICCODE
+    assert be(raw, 4, 4) == -626843481
+    assert be(raw, 8, 4) == zlib.crc32(BODY) & 0x7FFFFFFF               # 3 BODYCRC
+    assert be(raw, 12, 4) == 3                                          # 4 QUEUEID
+    assert raw[16:20] == bytes([1, 2, 3, 4])                            # 5 FLAG
+    assert raw[20:28] == bytes.fromhex("1122334455667788")              # 6 QUEUEOFFSET
+    assert raw[28:36] == bytes.fromhex("0102030405060708")              # 7 PHYSICALOFFSET
+    assert raw[36:40] == bytes.fromhex("0A0B0C0D")                      # 8 SYSFLAG
+    assert be(raw, 40, 8) == 1_700_000_000_123                          # 9 BORNTIMESTAMP
+    assert raw[48:52] == socket.inet_aton("10.1.2.3")                   # 10 BORNHOST ip
+    assert be(raw, 52, 4) == 5555                                       #    BORNHOST port
+    assert be(raw, 56, 8) == 1_700_000_000_456                          # 11 STORETIMESTAMP
+    assert raw[64:68] == bytes([192, 168, 7, 9])                        # 12 STOREHOSTADDRESS
+    assert be(raw, 68, 4) == 10911
+    assert be(raw, 72, 4) == 7                                          # 13 RECONSUMETIMES
+    assert raw[76:84] == bytes.fromhex("7EADBEEFCAFEBABE")              # 14 PREPARED TX OFFSET
+    assert be(raw, 84, 4) == len(BODY)                                  # 15 BODY LENGTH
+    assert raw[88:88 + len(BODY)] == BODY                               #    BODY
+    topic_at = 88 + len(BODY)
+    assert raw[topic_at] == len(TOPIC)                                  # 16 TOPIC LENGTH (1 byte)
+    assert raw[topic_at + 1:topic_at + 1 + len(TOPIC)] == TOPIC
+    props_at = topic_at + 1 + len(TOPIC)
+    props_length = be(raw, props_at, 2)                                 # 17 PROPERTIES LENGTH (2 bytes)
+    assert props_at + 2 + props_length == len(raw)
+    props = raw[props_at + 2:]
+    assert props.startswith(props_bytes)
+    assert props[len(props_bytes):len(props_bytes) + 5] == b"HCRC\x01"
+    digits = props[len(props_bytes) + 5:-1]
+    assert len(digits) == 8 and digits == digits.lower() and int(digits, 16) >= 0
+    assert props[-1:] == b"\x02"
+
+
+def test_hcrc_is_crc32_of_everything_but_body_and_digits():
+    raw = encode()
+    body_end = 88 + len(BODY)
+    expected = zlib.crc32(raw[:88] + raw[body_end:-9])
+    assert raw[-9:-1] == b"%08x" % expected
+
+
+def test_message_size_matches_encoding():
+    props = codec.encode_properties(PROPERTIES)
+    assert codec.message_size(TOPIC, BODY, props) == len(encode())
+    assert codec.message_size(b"T", b"", b"") == 91 + 1 + codec.HCRC_PROPERTY_BYTES == len(
+        encode(body=b"", topic=b"T", properties={}))
+
+
+def test_blank_record():
+    blank = codec.encode_blank(1234)
+    assert len(blank) == 8
+    assert blank[:4] == (1234).to_bytes(4, "big")
+    assert blank[4:8] == bytes.fromhex("CBD43194")
+    assert struct.unpack(">i", blank[4:8])[0] == -875286124
+    segment = bytearray(1234)
+    segment[:8] = blank
+    header = codec.check_record(segment, 0, len(segment))
+    assert header.is_blank and header.total_size == 1234
+    with pytest.raises(codec.CorruptMessage):       # a blank record must end the segment
+        codec.check_record(segment + b"\0", 0, len(segment) + 1)
+    with pytest.raises(codec.CorruptMessage):       # and is not a message
+        codec.decode_message(segment)
+
+
+@pytest.mark.parametrize("body", [b"", b"x", bytes(range(256)) * 40])
+def test_body_crc_is_rocketmq_crc32(body):
+    assert codec.crc32_body(body) == zlib.crc32(body) & 0x7FFFFFFF
+    raw = encode(body=body)
+    assert be(raw, 8, 4) == zlib.crc32(body) & 0x7FFFFFFF
+
+
+# --- Java String.hashCode and the index key hash ----------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ("", 0),
+    ("a", 97),
+    ("hello", 99162322),
+    ("polygenelubricants", -2147483648),
+    ("Aa", 2112), ("BB", 2112),
+    ("TopicTest#key-1", None),
+    ("h\u00e9llo", None),                 # non-ASCII, one code unit
+    ("k\U0001F600y", None),              # a surrogate pair: two code units
+    ("\u4e2d\u6587\u6d88\u606f", None),
+    ("x" * 5000, None),                   # longer than any cached power table
+])
+def test_java_string_hash(text, expected):
+    reference = java_hash_reference(text)
+    if expected is not None:
+        assert reference == expected
+    assert codec.java_hash(text) == reference
+    assert codec.java_hash_unsigned(text) == reference & 0xFFFFFFFF
+
+
+def test_surrogate_pair_hashes_as_two_units():
+    # U+1F600 is D83D DE00 in UTF-16: the hash must see both units, not the code point
+    assert codec.java_hash("\U0001F600") == 0xD83D * 31 + 0xDE00
+    assert codec.utf16_length("a\U0001F600") == 3
+
+
+@given(st.text(max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_java_hash_matches_reference(text):
+    assert codec.java_hash(text) == java_hash_reference(text)
+
+
+@given(st.text(max_size=20), st.text(max_size=20))
+@settings(max_examples=100, deadline=None)
+def test_prefix_hash_combines(prefix, suffix):
+    unsigned = codec.java_hash_unsigned(prefix)
+    assert codec.combine_hash(unsigned, suffix) == codec.java_hash_unsigned(prefix + suffix)
+    assert codec.index_key_hash_with_prefix(unsigned, suffix) == codec.index_key_hash(prefix + suffix)
+
+
+def test_index_key_hash_is_abs_and_zero_for_min_value():
+    assert codec.index_key_hash("polygenelubricants") == 0
+    assert codec.index_key_hash("hello") == 99162322
+    negative = next(t for t in ("a#b", "TopicTest#key", "zzzzzz", "key-12345", "\u00ff" * 7)
+                    if java_hash_reference(t) < 0)
+    assert codec.index_key_hash(negative) == -java_hash_reference(negative)
+    for text in ("", "x", "TopicTest#order-42", "h\u00e9llo"):
+        assert codec.index_key_hash(text) == abs(java_hash_reference(text))
+
+
+def test_tags_hash_code():
+    assert codec.tags_hash_code(None) == 0
+    assert codec.tags_hash_code("") == 0
+    assert codec.tags_hash_code("TagA") == java_hash_reference("TagA")
+
+
+# --- properties, hosts, message ids -----------------------------------------------------
+def test_properties_round_trip():
+    props = {"KEYS": "a b", "TAGS": "t", "x": "", "\u00e9": "\u4e2d"}
+    raw = codec.encode_properties(props)
+    assert raw == "KEYS\x01a b\x02TAGS\x01t\x02x\x01\x02\u00e9\x01\u4e2d\x02".encode("utf-8")
+    assert codec.decode_properties(raw) == props
+    assert codec.decode_properties(b"a\x011\x02b\x012") == {"a": "1", "b": "2"}  # no final separator
+    assert codec.encode_properties({}) == b"" and codec.decode_properties(b"") == {}
+
+
+def test_message_id_is_host_and_offset_upper_hex():
+    host = codec.encode_host("127.0.0.1:10911")
+    assert host == bytes([127, 0, 0, 1, 0, 0, 0x2A, 0x9F])
+    mid = codec.message_id(host, 0x1234ABCD)
+    assert mid == "7F00000100002A9F000000001234ABCD"
+    assert len(mid) == 32 and mid == mid.upper()
+    assert codec.parse_message_id(mid) == ("127.0.0.1:10911", 0x1234ABCD)
+    assert codec.decode_host(host) == "127.0.0.1:10911"
+    for bad in ("xyz", "7F000001", "7F00000100002A9F000000001234ABCD00"):
+        with pytest.raises(ValueError):
+            codec.parse_message_id(bad)
+
+
+# --- decoding -----------------------------------------------------------------------------
+def test_decode_round_trip():
+    raw = encode()
+    message = codec.decode_message(raw)
+    assert message.total_size == len(raw)
+    assert message.magic_code == codec.MESSAGE_MAGIC
+    assert message.body_crc == codec.crc32_body(BODY)
+    for name, value in FIELDS.items():
+        assert getattr(message, name) == value, name
+    assert message.born_host == BORN_HOST and message.store_host == STORE_HOST
+    assert message.body == BODY and message.topic == TOPIC.decode()
+    assert message.user_properties == PROPERTIES
+    assert set(message.properties) == set(PROPERTIES) | {"HCRC"}
+    assert message.keys == ["k1", "k2"] and message.tags == "TagA" and message.uniq_key == "ABCDEF"
+    assert message.message_id == codec.message_id(codec.encode_host(STORE_HOST), FIELDS["physical_offset"])
+
+
+def test_decode_at_position_inside_a_larger_buffer():
+    first, second = encode(body=b"one"), encode(body=b"two", physical_offset=99)
+    buffer = first + second
+    assert codec.check_record(buffer, 0, len(buffer)).total_size == len(first)
+    assert codec.decode_message(buffer, len(first)).body == b"two"
+
+
+def test_dispatch_record_matches_decode():
+    raw = encode()
+    record = codec.read_dispatch_record(raw, 0)
+    assert (record.physical_offset, record.total_size, record.topic, record.queue_id, record.queue_offset,
+            record.store_timestamp, record.tags, record.keys, record.uniq_key) == \
+        (FIELDS["physical_offset"], len(raw), "TopicTest", 3, FIELDS["queue_offset"],
+         FIELDS["store_timestamp"], "TagA", ("k1", "k2"), "ABCDEF")
+
+
+def test_unwritten_space_is_not_a_record():
+    with pytest.raises(codec.CorruptMessage):
+        codec.check_record(bytes(200), 0, 200)
+    with pytest.raises(codec.CorruptMessage):
+        codec.check_record(encode(), 0, 50)         # truncated: the record runs past the limit
+
+
+def test_message_without_hcrc_is_refused_unless_legacy_reading_is_asked_for():
+    raw = bytearray(encode())
+    # rewrite the message as another RocketMQ tool would: no HCRC property
+    props_at = 88 + len(BODY) + 1 + len(TOPIC)
+    props = codec.encode_properties(PROPERTIES)
+    legacy = bytes(raw[:props_at]) + struct.pack(">H", len(props)) + props
+    legacy = struct.pack(">i", len(legacy)) + legacy[4:]
+    with pytest.raises(codec.CorruptMessage):
+        codec.decode_message(legacy)
+    assert codec.decode_message(legacy, require_hcrc=False).body == BODY
+
+
+# --- single-byte damage is always detected -----------------------------------------------
+ENCODED = encode()
+SMALL = encode(body=b"", topic=b"T", properties={})
+
+
+@given(st.data())
+@settings(max_examples=400, deadline=None)
+def test_any_single_byte_change_is_detected(data):
+    raw = data.draw(st.sampled_from([ENCODED, SMALL]))
+    position = data.draw(st.integers(0, len(raw) - 1))
+    mask = data.draw(st.integers(1, 255))
+    damaged = bytearray(raw)
+    damaged[position] ^= mask
+    with pytest.raises(codec.CorruptMessage):
+        codec.check_record(damaged, 0, len(damaged))
+    with pytest.raises(codec.CorruptMessage):
+        codec.decode_message(bytes(damaged))
+
+
+@pytest.mark.parametrize("position", range(len(SMALL)))
+def test_every_position_every_single_bit_flip_is_detected(position):
+    # exhaustive over the small message: 8 bit flips and the case flip of hex digits
+    for mask in (1, 2, 4, 8, 16, 32, 64, 128, 0xFF):
+        damaged = bytearray(SMALL)
+        damaged[position] ^= mask
+        with pytest.raises(codec.CorruptMessage):
+            codec.check_record(damaged, 0, len(damaged))
+
+
+def test_crc_check_can_be_skipped_but_lengths_still_checked():
+    damaged = bytearray(encode())
+    damaged[90] ^= 0xFF                      # a body byte
+    assert codec.decode_message(bytes(damaged), check_crc=False).body != BODY
+    with pytest.raises(codec.CorruptMessage):
+        codec.decode_message(bytes(damaged))
+    damaged[0] ^= 0x01                       # TOTALSIZE off by one
+    with pytest.raises(codec.CorruptMessage):
+        codec.decode_message(bytes(damaged), check_crc=False)
