@@ -108,10 +108,10 @@ class FlushService:
     def _run(self) -> None:
         while not self._stopping:
             with self._condition:
-                if self.sync:
-                    if self._requested <= self.commit_log.flushed_offset:
-                        self._condition.wait(self.flush_interval_s)
-                else:
+                # a request that arrived while we were flushing must not wait a whole interval;
+                # one past the log's end (the log was cut since) can never be met: drop it
+                self._requested = min(self._requested, self.commit_log.max_offset)
+                if self._requested <= self.commit_log.flushed_offset and not self._stopping:
                     self._condition.wait(self.flush_interval_s)
                 if self._stopping:
                     # woken by stop(): shutdown flushes by itself; halt() must leave the
