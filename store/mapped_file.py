@@ -75,17 +75,36 @@ class MappedFile:
             os.fdatasync(self.fd)
 
     def zero(self, start: int, end: int | None = None) -> None:
-        """Overwrite [start, end) with zeros, in bounded chunks; chunks already zero are
-        only read, so cutting a mostly empty segment does not dirty every page."""
+        """Overwrite [start, end) with zeros, in bounded chunks. Holes and reserved-but-
+        unwritten extents are skipped (SEEK_DATA), and chunks already zero are only read,
+        so cutting a mostly empty 1 GiB segment neither reads nor dirties every page."""
         end = self.size if end is None else end
         chunk = 1 << 20
-        zeros = bytes(min(chunk, max(0, end - start)))
+        zeros = bytes(chunk)
+        for region_start, region_end in self._data_regions(start, end):
+            position = region_start
+            while position < region_end:
+                step = min(chunk, region_end - position)
+                if self.mm[position:position + step] != zeros[:step]:
+                    self.mm[position:position + step] = zeros[:step]
+                position += step
+
+    def _data_regions(self, start: int, end: int):
+        """[start, end) split into the regions that may hold data."""
         position = start
         while position < end:
-            step = min(chunk, end - position)
-            if self.mm[position:position + step] != zeros[:step]:
-                self.mm[position:position + step] = zeros[:step]
-            position += step
+            try:
+                data_at = os.lseek(self.fd, position, os.SEEK_DATA)
+                hole_at = os.lseek(self.fd, data_at, os.SEEK_HOLE)
+            except OSError as error:
+                if error.errno == errno.ENXIO:  # no data past position
+                    return
+                yield position, end  # no SEEK_DATA here: treat everything as data
+                return
+            if data_at >= end:
+                return
+            yield data_at, min(hole_at, end)
+            position = hole_at
 
     def close(self) -> None:
         """Release the descriptor. The mapping itself goes when the last reader drops it."""

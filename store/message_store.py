@@ -130,8 +130,12 @@ class MessageStore:
                                         flush_interval_ms=self.config.flush_interval_ms,
                                         checkpoint_interval_ms=self.config.checkpoint_interval_ms,
                                         confirm_offset=lambda: self.confirm_offset)
-            self.flusher.flush_now()
-            self.flusher.write_checkpoint()
+            state = self.checkpoint.state
+            if self.recovery.end_offset < max(state.flushed_phy_offset, state.dispatched_phy_offset) \
+                    or not self.checkpoint.valid:
+                # the old checkpoint claims bytes recovery cut: replace it before any new write
+                self.flusher.flush_now()
+                self.flusher.write_checkpoint()
             self.retention = Retention(self.commit_log, self.queues, self.index, self.dispatcher, self.root,
                                        file_reserved_hours=self.config.file_reserved_hours,
                                        disk_max_used_ratio=self.config.disk_max_used_ratio,
