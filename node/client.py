@@ -1,0 +1,682 @@
+"""The trio client library: Connection (pipelined requests), Admin, Producer, Consumer.
+
+    async with open_admin("127.0.0.1:10911") as admin:
+        await admin.create_topic("orders", queue_count=4)
+    async with open_producer("127.0.0.1:10911") as producer:
+        result = await producer.send("orders", b"...", keys=["order-1"])
+    async with open_consumer("127.0.0.1:10911", "orders", "billing", from_beginning=True) as consumer:
+        async for message in consumer: ...; await consumer.commit()
+
+Outcomes are never guessed. A send the node refused before writing (NOT_MASTER, busy, no
+connection) is retried, bounded; a send whose request left but whose reply never came
+(connection lost, timeout) raises UnknownOutcomeError with the messages' UNIQ_KEYs and is
+never retried, so a retry can never silently store a message twice.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from . import protocol
+from .config import split_address
+from .errors import (AuthError, ConnectionLostError, FrameError, NotMasterError, RequestError, RequestTimeoutError,
+                     UnknownOutcomeError)
+from .protocol import FrameDecoder, RequestCode, ResponseCode
+from .server import auth_digest
+
+RECEIVE_BYTES = 256 * 1024
+CONNECT_TIMEOUT_MS = 5_000
+REQUEST_TIMEOUT_MS = 30_000
+RETRYABLE_CODES = ("NOT_MASTER", "SYSTEM_BUSY", "SERVICE_NOT_AVAILABLE")
+
+
+# --- values ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """One message's outcome as the node reported it."""
+
+    status: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    message_id: str
+    uniq_key: str
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "PUT_OK"
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    """A message as pulled or queried."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    message_id: str
+    body: bytes
+    properties: dict
+    born_timestamp: int
+    store_timestamp: int
+    born_host: str = ""
+    store_host: str = ""
+    flag: int = 0
+
+    @property
+    def keys(self) -> list[str]:
+        return [key for key in self.properties.get("KEYS", "").split(" ") if key]
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get("TAGS")
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get("UNIQ_KEY")
+
+    @classmethod
+    def from_wire(cls, item: dict) -> "ReceivedMessage":
+        return cls(item["topic"], item["queue_id"], item["queue_offset"], item["physical_offset"],
+                   item["message_id"], item["body"], item.get("properties", {}), item["born_timestamp"],
+                   item["store_timestamp"], item.get("born_host", ""), item.get("store_host", ""),
+                   item.get("flag", 0))
+
+    def to_json(self) -> dict:
+        body = self.body.decode("utf-8", errors="replace")
+        return {"topic": self.topic, "queue_id": self.queue_id, "queue_offset": self.queue_offset,
+                "physical_offset": self.physical_offset, "message_id": self.message_id, "keys": self.keys,
+                "tags": self.tags, "uniq_key": self.uniq_key, "born_timestamp": self.born_timestamp,
+                "store_timestamp": self.store_timestamp, "body_bytes": len(self.body), "body": body}
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """A message to send. ``queue_id`` None lets the node pick (round robin)."""
+
+    body: bytes
+    keys: list[str] | tuple[str, ...] = ()
+    tags: str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_id: int | None = None
+    uniq_key: str = field(default_factory=lambda: uuid.uuid4().hex.upper())
+
+    def to_wire(self) -> dict:
+        item: dict = {"body": self.body, "properties": {**self.properties, "UNIQ_KEY": self.uniq_key}}
+        if self.keys:
+            item["keys"] = list(self.keys)
+        if self.tags:
+            item["tags"] = self.tags
+        if self.queue_id is not None:
+            item["queue_id"] = self.queue_id
+        return item
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.body) + 64
+
+
+def error_from_reply(reply: dict) -> RequestError:
+    """The typed exception for an error reply."""
+    try:
+        name = ResponseCode(reply.get("code")).name
+    except ValueError:
+        name = f"CODE_{reply.get('code')}"
+    message = str(reply.get("error", ""))
+    if name == "NOT_MASTER":
+        return NotMasterError(message, reply.get("master_address"))
+    return RequestError(name, message)
+
+
+# --- connection --------------------------------------------------------------------------
+class _Pending:
+    __slots__ = ("opaque", "event", "reply", "error")
+
+    def __init__(self, opaque: int) -> None:
+        self.opaque = opaque
+        self.event = trio.Event()
+        self.reply: dict | None = None
+        self.error: Exception | None = None
+
+    async def wait(self, timeout_ms: int | None = REQUEST_TIMEOUT_MS) -> dict:
+        """The SUCCESS reply's map; raises the typed error, or RequestTimeoutError."""
+        with trio.move_on_after(math.inf if timeout_ms is None else timeout_ms / 1000):
+            await self.event.wait()
+        if not self.event.is_set():
+            raise RequestTimeoutError(f"no reply within {timeout_ms} ms; the outcome is unknown")
+        if self.error is not None:
+            raise self.error
+        if self.reply.get("code") != ResponseCode.SUCCESS:
+            raise error_from_reply(self.reply)
+        return self.reply
+
+
+class Connection:
+    """One connection to a node; many requests in flight at once, matched by opaque."""
+
+    def __init__(self, stream: trio.abc.Stream, address: str, decoder: FrameDecoder) -> None:
+        self.stream = stream
+        self.address = address
+        self._decoder = decoder
+        self._pending: dict[int, _Pending] = {}
+        self._next_opaque = 1
+        self._send_lock = trio.Lock()
+        self._scope: trio.CancelScope | None = None
+        self.closed_error: Exception | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_error is not None
+
+    async def submit(self, code: RequestCode, **fields) -> _Pending:
+        """Send one request; returns its pending reply. Raises ConnectionLostError if not sent."""
+        if self.closed_error is not None:
+            raise ConnectionLostError(f"connection to {self.address} is closed: {self.closed_error}")
+        opaque = self._next_opaque
+        self._next_opaque += 1
+        frame = protocol.encode_frame({"code": int(code), "opaque": opaque, **fields})
+        pending = self._pending[opaque] = _Pending(opaque)
+        try:
+            async with self._send_lock:
+                await self.stream.send_all(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+            self._fail_all(ConnectionLostError(f"connection to {self.address} lost while sending: {error}"))
+        return pending
+
+    async def request(self, code: RequestCode, reply_timeout_ms: int | None = REQUEST_TIMEOUT_MS, **fields) -> dict:
+        """Send a request and wait for its SUCCESS reply (typed errors otherwise)."""
+        pending = await self.submit(code, **fields)
+        try:
+            return await pending.wait(reply_timeout_ms)
+        finally:
+            self._pending.pop(pending.opaque, None)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Read replies until the connection ends (run in a nursery; ``aclose`` stops it)."""
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            task_status.started()
+            try:
+                while True:
+                    data = await self.stream.receive_some(RECEIVE_BYTES)
+                    if not data:
+                        raise ConnectionLostError(f"{self.address} closed the connection")
+                    for reply in self._decoder.feed_strict(data):
+                        self._on_reply(reply)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+                self._fail_all(ConnectionLostError(f"connection to {self.address} lost: {error}"))
+            except (ConnectionLostError, FrameError) as error:
+                self._fail_all(error if isinstance(error, ConnectionLostError)
+                               else ConnectionLostError(f"{self.address} sent a broken frame: {error}"))
+        if self.closed_error is None:
+            self._fail_all(ConnectionLostError("connection closed by the client"))
+
+    def _on_reply(self, reply: object) -> None:
+        if not isinstance(reply, dict):
+            raise FrameError("a reply is not a map")
+        opaque = reply.get("opaque")
+        pending = self._pending.pop(opaque, None) if isinstance(opaque, int) else None
+        if pending is not None:
+            pending.reply = reply
+            pending.event.set()
+        elif opaque is None and reply.get("code") != ResponseCode.SUCCESS:
+            # a connection-level error (bad frame, busy, auth): the node closes the connection
+            self._fail_all(error_from_reply(reply))
+
+    def _fail_all(self, error: Exception) -> None:
+        if self.closed_error is None:
+            self.closed_error = error
+        pending, self._pending = self._pending, {}
+        for item in pending.values():
+            item.error = error
+            item.event.set()
+
+    async def aclose(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        self._fail_all(ConnectionLostError("connection closed by the client"))
+        await trio.aclose_forcefully(self.stream)
+
+
+def _sole_error(group: BaseExceptionGroup) -> BaseException:
+    """The one exception inside nested groups, or the group itself if there are several.
+
+    The client's context managers run internal nurseries; a caller should see the
+    NotMasterError or AuthError it can act on, not a group around it.
+    """
+    leaves = []
+
+    def walk(error):
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                walk(inner)
+        else:
+            leaves.append(error)
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+async def connect(address: str, nursery: trio.Nursery, *, secret: str | None = None,
+                  connect_timeout_ms: int = CONNECT_TIMEOUT_MS) -> Connection:
+    """Open a Connection whose reply reader runs in ``nursery``. ConnectionLostError if none."""
+    host, port = split_address(address)
+    try:
+        with trio.fail_after(connect_timeout_ms / 1000):
+            stream = await trio.open_tcp_stream(host, port)
+    except (OSError, trio.TooSlowError) as error:
+        raise ConnectionLostError(f"cannot connect to {address}: {error or 'timed out'}") from None
+    return await connect_stream(stream, address, nursery, secret=secret, auth_timeout_ms=connect_timeout_ms)
+
+
+async def connect_stream(stream: trio.abc.Stream, address: str, nursery: trio.Nursery, *,
+                         secret: str | None = None, auth_timeout_ms: int = CONNECT_TIMEOUT_MS) -> Connection:
+    """A Connection over any trio stream (in-memory streams in tests); answers the auth challenge."""
+    decoder = FrameDecoder()
+    if secret is not None:
+        try:
+            with trio.fail_after(auth_timeout_ms / 1000):
+                await _answer_challenge(stream, decoder, secret)
+        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+            await trio.aclose_forcefully(stream)
+            raise AuthError(f"authentication with {address} failed: {type(error).__name__} {error}") from None
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+    connection = Connection(stream, address, decoder)
+    await nursery.start(connection.run)
+    return connection
+
+
+async def _answer_challenge(stream, decoder: FrameDecoder, secret: str) -> None:
+    frames: list = []
+
+    async def next_frame() -> dict:
+        while not frames:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                raise AuthError("the node closed the connection during authentication")
+            frames.extend(decoder.feed_strict(data))
+        return frames.pop(0)
+
+    challenge = await next_frame()
+    if challenge.get("code") != RequestCode.AUTH_CHALLENGE or not isinstance(challenge.get("nonce"), bytes):
+        raise AuthError("the node sent no auth challenge (is a secret set on it?)")
+    await stream.send_all(protocol.encode_frame({"code": int(RequestCode.AUTH), "opaque": 0,
+                                                 "digest": auth_digest(secret, challenge["nonce"])}))
+    answer = await next_frame()
+    if answer.get("code") != ResponseCode.SUCCESS:
+        raise AuthError(f"authentication refused: {answer.get('error')}")
+
+
+@asynccontextmanager
+async def open_connection(address: str, *, secret: str | None = None, connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
+    """``async with open_connection(addr) as connection:`` one Connection, closed on exit."""
+    try:
+        async with trio.open_nursery() as nursery:
+            connection = await connect(address, nursery, secret=secret, connect_timeout_ms=connect_timeout_ms)
+            try:
+                yield connection
+            finally:
+                await connection.aclose()
+    except BaseExceptionGroup as group:
+        raise _sole_error(group) from None
+
+
+# --- admin -------------------------------------------------------------------------------
+class Admin:
+    """Topics, offsets, queries and status over one Connection."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    async def create_topic(self, topic: str, queue_count: int = 4) -> dict:
+        return await self.connection.request(RequestCode.TOPIC_CREATE, topic=topic, queue_count=queue_count)
+
+    async def list_topics(self, include_system: bool = False) -> dict[str, dict]:
+        reply = await self.connection.request(RequestCode.TOPIC_LIST, include_system=include_system)
+        return reply["topics"]
+
+    async def status(self) -> dict:
+        reply = await self.connection.request(RequestCode.STATUS)
+        return {k: v for k, v in reply.items() if k not in ("code", "opaque", "flags")}
+
+    async def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
+        reply = await self.connection.request(RequestCode.QUEUE_OFFSETS, topic=topic, queue_id=queue_id)
+        return reply["min_offset"], reply["max_offset"]
+
+    async def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**63 - 1,
+                           max_count: int = 32) -> list[ReceivedMessage]:
+        reply = await self.connection.request(RequestCode.QUERY_BY_KEY, topic=topic, key=key, begin_ms=begin_ms,
+                                              end_ms=end_ms, max_count=max_count)
+        return [ReceivedMessage.from_wire(item) for item in reply["messages"]]
+
+    async def query_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        reply = await self.connection.request(RequestCode.QUERY_BY_TIME, topic=topic, queue_id=queue_id,
+                                              timestamp_ms=timestamp_ms)
+        return reply["offset"]
+
+    async def query_by_id(self, message_id: str) -> ReceivedMessage:
+        reply = await self.connection.request(RequestCode.QUERY_BY_ID, message_id=message_id)
+        return ReceivedMessage.from_wire(reply["message"])
+
+    async def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        await self.connection.request(RequestCode.COMMIT_OFFSETS, group=group, topic=topic, offsets=offsets)
+
+    async def query_offsets(self, group: str, topic: str) -> dict[int, int]:
+        reply = await self.connection.request(RequestCode.QUERY_OFFSETS, group=group, topic=topic)
+        return reply["offsets"]
+
+    async def pull(self, topic: str, queue_id: int, offset: int, max_count: int = 32, timeout_ms: int = 0,
+                   max_bytes: int = 4 * 1024 * 1024) -> dict:
+        """One pull; ``messages`` in the reply are ReceivedMessage. Long-polls up to ``timeout_ms``."""
+        reply = await self.connection.request(RequestCode.PULL, reply_timeout_ms=timeout_ms + REQUEST_TIMEOUT_MS,
+                                              timeout_ms=timeout_ms, topic=topic, queue_id=queue_id, offset=offset,
+                                              max_count=max_count, max_bytes=max_bytes)
+        reply["messages"] = [ReceivedMessage.from_wire(item) for item in reply["messages"]]
+        return reply
+
+
+@asynccontextmanager
+async def open_admin(address: str, *, secret: str | None = None):
+    async with open_connection(address, secret=secret) as connection:
+        yield Admin(connection)
+
+
+# --- producer ----------------------------------------------------------------------------
+class _SendSlot:
+    """One message waiting for its outcome."""
+
+    __slots__ = ("message", "event", "result", "error")
+
+    def __init__(self, message: OutgoingMessage) -> None:
+        self.message = message
+        self.event = trio.Event()
+        self.result: SendResult | None = None
+        self.error: Exception | None = None
+
+    def resolve(self, result: SendResult | None = None, error: Exception | None = None) -> None:
+        self.result, self.error = result, error
+        self.event.set()
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStatistics:
+    sent_messages: int
+    failed_messages: int
+    unknown_messages: int
+    batches: int
+    retries: int
+
+
+class Producer:
+    """Batches messages per topic (by count, bytes and linger), pipelines batches on one
+    connection (at most ``in_flight_max`` unanswered), and retries only what was surely
+    not written. Batches leave in the order they were closed."""
+
+    def __init__(self, bootstrap: str, nursery: trio.Nursery, *, secret: str | None = None,
+                 batch_count_max: int = 64, batch_bytes_max: int = 1024 * 1024, linger_ms: float = 2,
+                 in_flight_max: int = 16, retries_max: int = 3, retry_backoff_ms: int = 100,
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS) -> None:
+        if not 1 <= batch_count_max <= protocol.BATCH_COUNT_MAX:
+            raise ValueError(f"batch_count_max must be in [1, {protocol.BATCH_COUNT_MAX}]")
+        self.address = bootstrap
+        self._nursery = nursery
+        self._secret = secret
+        self.batch_count_max = batch_count_max
+        self.batch_bytes_max = min(batch_bytes_max, protocol.FRAME_BYTES_MAX // 2)
+        self.linger_ms = linger_ms
+        self.retries_max = retries_max
+        self.retry_backoff_ms = retry_backoff_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.in_flight_max = in_flight_max
+        self._in_flight = trio.Semaphore(in_flight_max)
+        self._open: dict[str, list[_SendSlot]] = {}
+        self._open_bytes: dict[str, int] = {}
+        self._send_batches, self._batches = trio.open_memory_channel[tuple[str, list[_SendSlot]]](in_flight_max)
+        self._connection: Connection | None = None
+        self._connect_lock = trio.Lock()
+        self._sent = self._failed = self._unknown = self._batch_count = self._retries = 0
+
+    def statistics(self) -> ProducerStatistics:
+        return ProducerStatistics(self._sent, self._failed, self._unknown, self._batch_count, self._retries)
+
+    # --- public --------------------------------------------------------------------------
+    async def send(self, topic: str, body: bytes, *, keys=(), tags: str | None = None,
+                   properties: dict[str, str] | None = None, queue_id: int | None = None) -> SendResult:
+        """Send one message (batched with others); its SendResult, or UnknownOutcomeError / RequestError."""
+        slot = _SendSlot(OutgoingMessage(body, tuple(keys), tags, dict(properties or {}), queue_id))
+        batch = self._open.setdefault(topic, [])
+        batch.append(slot)
+        self._open_bytes[topic] = self._open_bytes.get(topic, 0) + slot.message.size_bytes
+        if len(batch) == 1:
+            self._nursery.start_soon(self._linger, topic, batch)
+        if len(batch) >= self.batch_count_max or self._open_bytes[topic] >= self.batch_bytes_max:
+            await self._close_batch(topic)
+        return await self._outcome(slot)
+
+    async def send_batch(self, topic: str, messages: list[OutgoingMessage]) -> list[SendResult]:
+        """Send these messages as one frame (no linger); one SendResult each, in order."""
+        slots = [_SendSlot(message) for message in messages]
+        await self._send_batches.send((topic, slots))
+        return [await self._outcome(slot) for slot in slots]
+
+    async def flush(self) -> None:
+        """Close every open batch now."""
+        for topic in list(self._open):
+            await self._close_batch(topic)
+
+    # --- batching ------------------------------------------------------------------------
+    async def _linger(self, topic: str, batch: list[_SendSlot]) -> None:
+        await trio.sleep(self.linger_ms / 1000)
+        if self._open.get(topic) is batch:
+            await self._close_batch(topic)
+
+    async def _close_batch(self, topic: str) -> None:
+        batch = self._open.pop(topic, None)
+        self._open_bytes.pop(topic, None)
+        if batch:
+            await self._send_batches.send((topic, batch))
+
+    @staticmethod
+    async def _outcome(slot: _SendSlot) -> SendResult:
+        await slot.event.wait()
+        if slot.error is not None:
+            raise slot.error
+        return slot.result
+
+    # --- sending -------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Send closed batches in order (run in the producer's nursery)."""
+        task_status.started()
+        async with self._batches:
+            async for topic, slots in self._batches:
+                await self._in_flight.acquire()
+                self._nursery.start_soon(self._send_with_retries, topic, slots)
+
+    async def _current_connection(self) -> Connection:
+        async with self._connect_lock:
+            if self._connection is None or self._connection.closed:
+                self._connection = await connect(self.address, self._nursery, secret=self._secret)
+            return self._connection
+
+    async def _send_with_retries(self, topic: str, slots: list[_SendSlot]) -> None:
+        try:
+            self._batch_count += 1
+            wire = [slot.message.to_wire() for slot in slots]
+            for attempt in range(self.retries_max + 1):
+                try:
+                    connection = await self._current_connection()
+                except ConnectionLostError as error:
+                    if attempt == self.retries_max:
+                        self._fail(slots, error)
+                        return
+                    await self._back_off(attempt)
+                    continue  # nothing was sent: safe to retry
+                pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire)
+                try:
+                    reply = await pending.wait(self.request_timeout_ms)
+                except (ConnectionLostError, RequestTimeoutError) as error:
+                    self._unknown += len(slots)
+                    for slot in slots:
+                        slot.resolve(error=UnknownOutcomeError(
+                            f"send to {connection.address} has an unknown outcome ({error}); "
+                            f"query key {slot.message.uniq_key} to find out", [s.message.uniq_key for s in slots]))
+                    return
+                except RequestError as error:
+                    if error.code not in RETRYABLE_CODES or attempt == self.retries_max:
+                        self._fail(slots, error)
+                        return
+                    if isinstance(error, NotMasterError) and error.master_address:
+                        await self._switch_to(error.master_address)
+                    await self._back_off(attempt)
+                    continue  # refused before any write: safe to retry
+                self._resolve(slots, reply["results"])
+                return
+        finally:
+            self._in_flight.release()
+
+    async def _switch_to(self, address: str) -> None:
+        async with self._connect_lock:
+            if self._connection is not None and self._connection.address != address:
+                await self._connection.aclose()
+                self._connection = None
+            self.address = address
+
+    async def _back_off(self, attempt: int) -> None:
+        self._retries += 1
+        await trio.sleep(self.retry_backoff_ms * (2 ** attempt) / 1000)
+
+    def _fail(self, slots: list[_SendSlot], error: Exception) -> None:
+        self._failed += len(slots)
+        for slot in slots:
+            slot.resolve(error=error)
+
+    def _resolve(self, slots: list[_SendSlot], results: list[dict]) -> None:
+        for slot, item in zip(slots, results):
+            result = SendResult(item["status"], item["queue_id"], item["queue_offset"], item["physical_offset"],
+                                item["message_id"], slot.message.uniq_key, item.get("reason", ""))
+            if result.ok:
+                self._sent += 1
+            else:
+                self._failed += 1
+            slot.resolve(result)
+
+    async def aclose(self) -> None:
+        await self.flush()
+        await self._send_batches.aclose()
+        if self._connection is not None:
+            # wait for the answers in flight before closing their connection
+            while self._in_flight.value < self.in_flight_max:
+                await trio.sleep(0.001)
+            await self._connection.aclose()
+
+
+@asynccontextmanager
+async def open_producer(bootstrap: str, **options):
+    """``async with open_producer(addr, batch_count_max=64, linger_ms=2) as producer:``"""
+    try:
+        async with trio.open_nursery() as nursery:
+            producer = Producer(bootstrap, nursery, **options)
+            await nursery.start(producer.run)
+            try:
+                yield producer
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(producer.request_timeout_ms / 1000):
+                    await producer.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise _sole_error(group) from None
+
+
+# --- consumer ----------------------------------------------------------------------------
+class Consumer:
+    """Pulls every queue of a topic (one long-polling loop per queue, all on one connection)
+    and hands messages out in per-queue order. ``commit`` stores the positions of the
+    messages handed out so far as the group's consumer offsets."""
+
+    def __init__(self, admin: Admin, topic: str, group: str, *, max_count: int = 32,
+                 long_poll_ms: int = 5_000, buffer_messages_max: int = 4096) -> None:
+        self.admin = admin
+        self.topic = topic
+        self.group = group
+        self.max_count = max_count
+        self.long_poll_ms = long_poll_ms
+        self.positions: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._send, self._receive = trio.open_memory_channel[ReceivedMessage](buffer_messages_max)
+
+    async def start_positions(self, from_beginning: bool, start_offsets: dict[int, int] | None) -> None:
+        topics = await self.admin.list_topics()
+        if self.topic not in topics:
+            raise RequestError("TOPIC_NOT_EXIST", f"topic {self.topic!r} does not exist")
+        committed = await self.admin.query_offsets(self.group, self.topic)
+        for queue_id in range(topics[self.topic]["queue_count"]):
+            if start_offsets and queue_id in start_offsets:
+                self.positions[queue_id] = start_offsets[queue_id]
+            elif queue_id in committed:
+                self.positions[queue_id] = committed[queue_id]
+            else:
+                low, high = await self.admin.queue_offsets(self.topic, queue_id)
+                self.positions[queue_id] = low if from_beginning else high
+        # only what the node holds counts as committed: the first commit stores every
+        # queue's start, so a restart never skips a queue's unread messages
+        self._committed = {q: o for q, o in committed.items() if self.positions.get(q) == o}
+
+    async def pull_queue(self, queue_id: int, offset: int) -> None:
+        """Pull one queue forever from ``offset`` into the consumer's buffer."""
+        while True:
+            reply = await self.admin.pull(self.topic, queue_id, offset, self.max_count, self.long_poll_ms)
+            for message in reply["messages"]:
+                await self._send.send(message)
+            if reply["status"] in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW") or reply["messages"]:
+                offset = reply["next_offset"]
+
+    async def receive(self) -> ReceivedMessage:
+        """The next message of any queue (per-queue order kept)."""
+        message = await self._receive.receive()
+        self.positions[message.queue_id] = message.queue_offset + 1
+        return message
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> ReceivedMessage:
+        return await self.receive()
+
+    async def commit(self) -> dict[int, int]:
+        """Commit the positions that moved since the last commit; returns them."""
+        changed = {q: o for q, o in self.positions.items() if self._committed.get(q) != o}
+        if changed:
+            await self.admin.commit_offsets(self.group, self.topic, changed)
+            self._committed.update(changed)
+        return changed
+
+
+@asynccontextmanager
+async def open_consumer(bootstrap: str, topic: str, group: str, *, secret: str | None = None,
+                        from_beginning: bool = False, start_offsets: dict[int, int] | None = None, **options):
+    """``async with open_consumer(addr, topic, group) as consumer: async for m in consumer: ...``
+
+    Starts from ``start_offsets``, else the group's committed offsets, else the queue's
+    first (``from_beginning``) or next message.
+    """
+    async with open_admin(bootstrap, secret=secret) as admin:
+        consumer = Consumer(admin, topic, group, **options)
+        await consumer.start_positions(from_beginning, start_offsets)
+        try:
+            async with trio.open_nursery() as nursery:
+                for queue_id, offset in consumer.positions.items():
+                    nursery.start_soon(consumer.pull_queue, queue_id, offset)
+                try:
+                    yield consumer
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise _sole_error(group) from None

@@ -1,0 +1,332 @@
+"""The node's ``hastore`` commands: node start, produce, consume, query, topic, status.
+
+Registered in pyproject.toml under ``hastore.commands``. Every client command takes
+``--bootstrap HOST:PORT`` and ``--secret`` (or HASTORE_SECRET); ``--json`` prints
+machine-readable results on stdout, progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+
+import click
+import trio
+
+from .client import OutgoingMessage, open_admin, open_consumer, open_producer
+from .config import load_config
+from .errors import NodeConfigError, NodeError, UnknownOutcomeError
+
+bootstrap_option = click.option("--bootstrap", default="127.0.0.1:10911", show_default=True, metavar="HOST:PORT",
+                                 help="Client address of a node.")
+secret_option = click.option("--secret", envvar="HASTORE_SECRET", default=None,
+                             help="Cluster secret for the HMAC challenge (env HASTORE_SECRET).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+
+
+def _run(async_fn, *args):
+    """Run a client coroutine; node errors become a one-line message and exit status 1."""
+    try:
+        return trio.run(async_fn, *args)
+    except NodeError as error:
+        raise click.ClickException(str(error)) from None
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(NodeError)
+        if matched is None or rest is not None:
+            raise
+        raise click.ClickException("; ".join(sorted({str(e) for e in _leaves(matched)}))) from None
+
+
+def _leaves(group: BaseExceptionGroup):
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
+
+
+def _progress(text: str) -> None:
+    click.echo(f"\r{text}", nl=False, err=True)
+
+
+# --- node ----------------------------------------------------------------------------------
+@click.group("node")
+def node_group() -> None:
+    """Run a hastore node."""
+
+
+@node_group.command("start")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="YAML config (node_id, store_path, client_address, role, flush, ...).")
+def node_start(config_path: str) -> None:
+    """Run a node in the foreground until SIGTERM or SIGINT (then it shuts down cleanly).
+
+    Once serving it prints one JSON line on stdout: {"ready": true, "client_address": ...}.
+    """
+    from .node import run_node_until_signalled
+    try:
+        config = load_config(config_path)
+    except NodeConfigError as error:
+        raise click.ClickException(f"bad config {config_path}: {error}") from None
+
+    def ready(node) -> None:
+        click.echo(json.dumps({"ready": True, "node_id": config.node_id, "client_address": node.client_address,
+                               "metrics_address": node.metrics_address, "role": node.role.state.role.value}))
+        sys.stdout.flush()
+
+    trio.run(run_node_until_signalled, config, ready)
+
+
+# --- produce -------------------------------------------------------------------------------
+@click.command("produce")
+@bootstrap_option
+@click.option("--topic", required=True, help="Topic to send to (created if the node auto-creates topics).")
+@click.option("--count", default=1, show_default=True, type=click.IntRange(1, 100_000_000), help="Messages to send.")
+@click.option("--size", default=100, show_default=True, type=click.IntRange(0, 4 * 1024 * 1024),
+              help="Body size in bytes.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 4096),
+              help="Messages per send request (one frame).")
+@click.option("--in-flight", default=8, show_default=True, type=click.IntRange(1, 1024),
+              help="Batches sent but not yet answered.")
+@click.option("--key-prefix", default=None, help="Give message i the key PREFIX-i.")
+@click.option("--tags", default=None, help="TAGS of every message.")
+@secret_option
+@json_option
+def produce_command(bootstrap, topic, count, size, batch, in_flight, key_prefix, tags, secret, as_json) -> None:
+    """Send COUNT messages of SIZE bytes to TOPIC and report the outcome.
+
+    Unknown outcomes (the connection died after a request left) are counted apart and
+    never retried, so they are never silently duplicated.
+    """
+    async def main():
+        started = time.perf_counter()
+        outcome = {"ok": 0, "failed": 0, "unknown": 0, "statuses": {}, "first_message_id": None,
+                   "last_message_id": None}
+        body = (b"x" * size)
+        async with open_producer(bootstrap, secret=secret, batch_count_max=batch, in_flight_max=in_flight) as producer:
+            async def send_range(first: int, last: int) -> None:
+                messages = [OutgoingMessage(body, keys=[f"{key_prefix}-{i}"] if key_prefix else (), tags=tags)
+                            for i in range(first, last)]
+                try:
+                    results = await producer.send_batch(topic, messages)
+                except UnknownOutcomeError:
+                    outcome["unknown"] += last - first
+                    return
+                except NodeError as error:
+                    outcome["failed"] += last - first
+                    outcome["statuses"][getattr(error, "code", type(error).__name__)] = \
+                        outcome["statuses"].get(getattr(error, "code", type(error).__name__), 0) + last - first
+                    outcome["error"] = str(error)
+                    return
+                for result in results:
+                    outcome["statuses"][result.status] = outcome["statuses"].get(result.status, 0) + 1
+                    if result.ok:
+                        outcome["ok"] += 1
+                        outcome["first_message_id"] = outcome["first_message_id"] or result.message_id
+                        outcome["last_message_id"] = result.message_id
+                    else:
+                        outcome["failed"] += 1
+
+            in_flight_slots = trio.Semaphore(in_flight)  # bounds the batches started, not only sent
+
+            async def limited(first, last):
+                try:
+                    await send_range(first, last)
+                finally:
+                    in_flight_slots.release()
+
+            last_report = 0.0
+            async with trio.open_nursery() as nursery:
+                for first in range(0, count, batch):
+                    await in_flight_slots.acquire()
+                    nursery.start_soon(limited, first, min(first + batch, count))
+                    if not as_json and time.perf_counter() - last_report > 0.5:
+                        last_report = time.perf_counter()
+                        done = outcome["ok"] + outcome["failed"] + outcome["unknown"]
+                        _progress(f"sent {done}/{count}")
+        elapsed = time.perf_counter() - started
+        outcome.update(count=count, seconds=round(elapsed, 3), msgs_per_s=round(count / elapsed, 1))
+        return outcome
+
+    outcome = _run(main)
+    if as_json:
+        click.echo(json.dumps(outcome))
+    else:
+        click.echo(f"\rsent {outcome['count']}: {outcome['ok']} ok, {outcome['failed']} failed, "
+                   f"{outcome['unknown']} unknown outcome in {outcome['seconds']} s "
+                   f"({outcome['msgs_per_s']} msgs/s) {outcome['statuses']}")
+    if outcome["failed"] or outcome["unknown"]:
+        sys.exit(1)
+
+
+# --- consume -------------------------------------------------------------------------------
+@click.command("consume")
+@bootstrap_option
+@click.option("--topic", required=True, help="Topic to read.")
+@click.option("--group", required=True, help="Consumer group whose offsets are used and committed.")
+@click.option("--from-beginning", is_flag=True,
+              help="Start queues without a committed offset at their first message (default: at the end).")
+@click.option("--count", default=None, type=click.IntRange(1, 100_000_000),
+              help="Stop after this many messages (default: run until interrupted or --idle-ms passes).")
+@click.option("--idle-ms", default=None, type=click.IntRange(1, 86_400_000),
+              help="Stop when no message arrives for this long.")
+@click.option("--no-commit", is_flag=True, help="Do not commit the group's offsets.")
+@secret_option
+@json_option
+def consume_command(bootstrap, topic, group, from_beginning, count, idle_ms, no_commit, secret, as_json) -> None:
+    """Read messages of TOPIC as consumer GROUP, committing the group's offsets as it goes.
+
+    With --json, one JSON object per message on stdout (body as UTF-8 text).
+    """
+    async def main():
+        received = 0
+        async with open_consumer(bootstrap, topic, group, secret=secret, from_beginning=from_beginning,
+                                 long_poll_ms=min(idle_ms or 5000, 5000)) as consumer:
+            last_commit = time.monotonic()
+            while count is None or received < count:
+                with trio.move_on_after((idle_ms or 10**9) / 1000):
+                    message = await consumer.receive()
+                    received += 1
+                    if as_json:
+                        click.echo(json.dumps(message.to_json()))
+                    else:
+                        click.echo(f"{message.queue_id}:{message.queue_offset} id={message.message_id} "
+                                   f"keys={','.join(message.keys)} tags={message.tags or ''} "
+                                   f"{message.body[:80]!r}")
+                    if not no_commit and time.monotonic() - last_commit > 1:
+                        await consumer.commit()
+                        last_commit = time.monotonic()
+                    continue
+                break  # idle
+            if not no_commit:
+                await consumer.commit()
+        return received
+
+    received = _run(main)
+    click.echo(f"consumed {received} messages", err=True)
+
+
+# --- query ---------------------------------------------------------------------------------
+@click.group("query")
+def query_group() -> None:
+    """Look messages up by key, by time or by message id."""
+
+
+def _print_messages(messages, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([m.to_json() for m in messages]))
+        return
+    for m in messages:
+        click.echo(f"{m.topic} {m.queue_id}:{m.queue_offset} id={m.message_id} keys={','.join(m.keys)} "
+                   f"stored={datetime.fromtimestamp(m.store_timestamp / 1000).isoformat()} {m.body[:80]!r}")
+    if not messages:
+        click.echo("no message found", err=True)
+
+
+@query_group.command("key")
+@bootstrap_option
+@click.option("--topic", required=True)
+@click.option("--key", required=True, help="A business key (KEYS) or a message's UNIQ_KEY.")
+@click.option("--max", "max_count", default=32, show_default=True, type=click.IntRange(1, 64))
+@secret_option
+@json_option
+def query_key(bootstrap, topic, key, max_count, secret, as_json) -> None:
+    """Messages of TOPIC with KEY (IndexFile lookup)."""
+    async def main():
+        async with open_admin(bootstrap, secret=secret) as admin:
+            return await admin.query_by_key(topic, key, max_count=max_count)
+    _print_messages(_run(main), as_json)
+
+
+@query_group.command("time")
+@bootstrap_option
+@click.option("--topic", required=True)
+@click.option("--queue", "queue_id", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1))
+@click.option("--timestamp-ms", required=True, type=click.IntRange(0), help="Milliseconds since the epoch.")
+@secret_option
+@json_option
+def query_time(bootstrap, topic, queue_id, timestamp_ms, secret, as_json) -> None:
+    """The queue offset of the first message stored at or after TIMESTAMP_MS."""
+    async def main():
+        async with open_admin(bootstrap, secret=secret) as admin:
+            return await admin.query_by_time(topic, queue_id, timestamp_ms)
+    offset = _run(main)
+    click.echo(json.dumps({"topic": topic, "queue_id": queue_id, "offset": offset}) if as_json else str(offset))
+
+
+@query_group.command("id")
+@bootstrap_option
+@click.option("--id", "message_id", required=True, help="Offset message id (32 hex digits).")
+@secret_option
+@json_option
+def query_id(bootstrap, message_id, secret, as_json) -> None:
+    """The message with an offset message id."""
+    async def main():
+        async with open_admin(bootstrap, secret=secret) as admin:
+            return await admin.query_by_id(message_id)
+    _print_messages([_run(main)], as_json)
+
+
+# --- topic ---------------------------------------------------------------------------------
+@click.group("topic")
+def topic_group() -> None:
+    """Create and list topics."""
+
+
+@topic_group.command("create")
+@bootstrap_option
+@click.option("--topic", required=True)
+@click.option("--queues", "queue_count", default=4, show_default=True, type=click.IntRange(1, 1024))
+@secret_option
+@json_option
+def topic_create(bootstrap, topic, queue_count, secret, as_json) -> None:
+    """Create TOPIC (or change its queue count) on the master; logged so it replicates."""
+    async def main():
+        async with open_admin(bootstrap, secret=secret) as admin:
+            return await admin.create_topic(topic, queue_count)
+    reply = _run(main)
+    click.echo(json.dumps({"topic": reply["topic"], "queue_count": reply["queue_count"]}) if as_json
+               else f"topic {reply['topic']} has {reply['queue_count']} queues")
+
+
+@topic_group.command("list")
+@bootstrap_option
+@click.option("--include-system", is_flag=True, help="Also list %SYS% topics.")
+@secret_option
+@json_option
+def topic_list(bootstrap, include_system, secret, as_json) -> None:
+    """Topics and their queue counts."""
+    async def main():
+        async with open_admin(bootstrap, secret=secret) as admin:
+            return await admin.list_topics(include_system)
+    topics = _run(main)
+    if as_json:
+        click.echo(json.dumps(topics))
+        return
+    for name, config in sorted(topics.items()):
+        click.echo(f"{name}\tqueues={config['queue_count']}\tperm={config['perm']}")
+
+
+# --- status --------------------------------------------------------------------------------
+@click.command("status")
+@bootstrap_option
+@secret_option
+@json_option
+def status_command(bootstrap, secret, as_json) -> None:
+    """A node's role, epoch, offsets and store statistics."""
+    async def main():
+        async with open_admin(bootstrap, secret=secret) as admin:
+            return await admin.status()
+    status = _run(main)
+    if as_json:
+        click.echo(json.dumps(status))
+        return
+    store = status["store"]
+    click.echo(f"node {status['node_id']} ({status['cluster']}/{status['group']}) {status['role']} "
+               f"epoch {status['epoch']}\n"
+               f"  commit log [{store['min_physical_offset']}, {store['max_physical_offset']}) flushed "
+               f"{store['flushed_offset']} dispatched {store['dispatched_offset']} (lag {store['dispatch_lag_bytes']} B)\n"
+               f"  messages put {store['put_messages']}, topics {status['topics']}, "
+               f"connections {status.get('connections')}")

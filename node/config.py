@@ -1,0 +1,181 @@
+"""NodeConfig: every setting of a node, read from YAML, each with a default.
+
+    node_id: n1                      # names the node in status, metrics and the controller
+    cluster: hastore
+    group: g1                        # a master and its slaves form a group
+    store_path: ~/hastore/store
+    client_address: 127.0.0.1:10911  # port 0 picks a free port (tests)
+    ha_address: 127.0.0.1:10912
+    metrics_address: 127.0.0.1:10913
+    role: master                     # master | slave (static role, without a controller)
+    master_ha_address: null          # a slave's master (host:port)
+    master_client_address: null      # told to clients in NOT_MASTER replies
+    replication: async               # sync | async
+    flush: async                     # sync | async
+    secret: null                     # when set, clients and slaves pass an HMAC challenge
+    store: {commitlog_segment_bytes: ..., ...}   # any StoreConfig field but store_path, flush, store_host
+
+Unknown keys and bad values are refused at load with the key named, so a typo never
+silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+
+import yaml
+
+from store import StoreConfig
+from store.errors import StoreConfigError
+
+from .errors import NodeConfigError
+
+# StoreConfig fields the node sets itself from its own keys.
+_STORE_FIELDS_OWNED_BY_NODE = ("store_path", "flush", "store_host")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Settings of one node. Frozen; ``replace`` builds a changed copy."""
+
+    node_id: str = "n1"
+    cluster: str = "hastore"
+    group: str = "g1"
+    store_path: str = "~/hastore/store"
+    client_address: str = "127.0.0.1:10911"
+    ha_address: str = "127.0.0.1:10912"
+    metrics_address: str = "127.0.0.1:10913"
+    role: str = "master"
+    master_ha_address: str | None = None
+    master_client_address: str | None = None
+    replication: str = "async"
+    flush: str = "async"
+    secret: str | None = None
+    # Client-facing bounds.
+    connections_max: int = 1024
+    in_flight_requests_max: int = 256          # per connection
+    long_polling_timeout_ms_max: int = 30_000  # a client may ask for less, never more
+    auth_timeout_ms: int = 5_000
+    auto_create_topics: bool = True
+    default_queue_count: int = 4
+    # How often the checkpointed config files are rewritten from memory.
+    config_persist_interval_ms: int = 5_000
+    store: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("node_id", "cluster", "group", "store_path"):
+            if not getattr(self, name):
+                problems.append(f"{name}: must be a non-empty string")
+        for name in ("client_address", "ha_address", "metrics_address"):
+            problem = address_problem(getattr(self, name))
+            if problem:
+                problems.append(f"{name}: {problem}")
+        for name in ("master_ha_address", "master_client_address"):
+            value = getattr(self, name)
+            if value is not None and address_problem(value):
+                problems.append(f"{name}: {address_problem(value)}")
+        if self.role not in ("master", "slave"):
+            problems.append(f"role: must be 'master' or 'slave', not {self.role!r}")
+        if self.role == "slave" and not self.master_ha_address:
+            problems.append("master_ha_address: required when role is 'slave'")
+        if self.replication not in ("sync", "async"):
+            problems.append(f"replication: must be 'sync' or 'async', not {self.replication!r}")
+        if self.flush not in ("sync", "async"):
+            problems.append(f"flush: must be 'sync' or 'async', not {self.flush!r}")
+        if self.secret is not None and not self.secret:
+            problems.append("secret: must be non-empty when set")
+        bounds = {"connections_max": (1, 100_000), "in_flight_requests_max": (1, 65_536),
+                  "long_polling_timeout_ms_max": (0, 3_600_000), "auth_timeout_ms": (1, 600_000),
+                  "default_queue_count": (1, 1024), "config_persist_interval_ms": (10, 3_600_000)}
+        for name, (low, high) in bounds.items():
+            if not low <= getattr(self, name) <= high:
+                problems.append(f"{name}: must be between {low} and {high}, not {getattr(self, name)}")
+        for name in self.store:
+            if name in _STORE_FIELDS_OWNED_BY_NODE:
+                problems.append(f"store.{name}: set the node's own key instead")
+        if problems:
+            raise NodeConfigError("; ".join(problems))
+        try:
+            self.store_config()
+        except (StoreConfigError, TypeError) as error:
+            raise NodeConfigError(f"store: {error}") from None
+
+    def store_config(self, store_host: str | None = None) -> StoreConfig:
+        """The StoreConfig this node runs its store with."""
+        return StoreConfig(store_path=os.path.expanduser(self.store_path), flush=self.flush,
+                           store_host=store_host or self.client_address, **self.store)
+
+    def replace(self, **changes) -> "NodeConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def address_problem(address: object) -> str | None:
+    """Why ``address`` is not 'host:port', or None."""
+    if not isinstance(address, str):
+        return f"must be a 'host:port' string, not {type(address).__name__}"
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return f"must be 'host:port' with a port in [0, 65535], not {address!r}"
+    return None
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'host:port' -> (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def _check_type(name: str, value: object, annotation: str) -> None:
+    expected = {"str": (str,), "int": (int,), "bool": (bool,), "dict": (dict,),
+                "str | None": (str, type(None))}[annotation]
+    if isinstance(value, bool) and bool not in expected:
+        raise NodeConfigError(f"{name}: must be {annotation}, not a boolean")
+    if not isinstance(value, expected):
+        raise NodeConfigError(f"{name}: must be {annotation}, not {type(value).__name__} {value!r}")
+
+
+def _check_store_section(section: dict) -> None:
+    hints = typing.get_type_hints(StoreConfig)
+    known = {f.name for f in dataclasses.fields(StoreConfig)} - set(_STORE_FIELDS_OWNED_BY_NODE)
+    for name, value in section.items():
+        if name not in known:
+            raise NodeConfigError(f"store.{name}: unknown key (known: {', '.join(sorted(known))})")
+        expected = hints[name]
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            continue
+        if isinstance(value, bool) is not (expected is bool) or not isinstance(value, expected):
+            raise NodeConfigError(f"store.{name}: must be {expected.__name__}, not {type(value).__name__} {value!r}")
+
+
+def config_from_mapping(mapping: dict) -> NodeConfig:
+    """Build a NodeConfig from a parsed YAML mapping, refusing unknown keys and wrong types."""
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, dict):
+        raise NodeConfigError("the config must be a YAML mapping of key: value")
+    fields = {f.name: f for f in dataclasses.fields(NodeConfig)}
+    for name, value in mapping.items():
+        if name not in fields:
+            raise NodeConfigError(f"{name}: unknown key (known: {', '.join(sorted(fields))})")
+        if isinstance(value, int) and not isinstance(value, bool) and fields[name].type == "str":
+            value = str(value)  # YAML reads `node_id: 1` as an int
+            mapping = {**mapping, name: value}
+        _check_type(name, value, fields[name].type)
+    _check_store_section(mapping.get("store", {}))
+    return NodeConfig(**mapping)
+
+
+def load_config(path: str) -> NodeConfig:
+    """Read and check a node's YAML config file."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            mapping = yaml.safe_load(handle)
+    except OSError as error:
+        raise NodeConfigError(f"cannot read config {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise NodeConfigError(f"config {path} is not valid YAML: {error}") from None
+    return config_from_mapping(mapping)

@@ -1,0 +1,62 @@
+"""Expected operating failures of the node and its client library, each with an actionable message.
+
+Server side, a failure that concerns one request becomes a typed error reply (a
+``ResponseCode`` and a message); the connection and the node keep serving. Client side,
+the same codes come back as the exceptions below.
+"""
+
+from __future__ import annotations
+
+
+class NodeError(Exception):
+    """Base of every error the node package raises on purpose."""
+
+
+class NodeConfigError(NodeError):
+    """The node's YAML config has an unknown key or a bad value (the key is named)."""
+
+
+class FrameError(NodeError):
+    """The framing itself is broken (bad length, not msgpack, not a map): the connection closes."""
+
+
+class RequestError(NodeError):
+    """A request the node refuses; ``code`` is the protocol's ResponseCode name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class NotMasterError(RequestError):
+    """A write reached a node that is not the master; ``master_address`` names the master if known."""
+
+    def __init__(self, message: str, master_address: str | None) -> None:
+        super().__init__("NOT_MASTER", message)
+        self.master_address = master_address
+
+
+class AuthError(NodeError):
+    """The HMAC challenge failed (wrong or missing secret)."""
+
+
+class ConnectionLostError(NodeError):
+    """The connection to a node closed or failed; requests in flight have an unknown outcome."""
+
+
+class RequestTimeoutError(NodeError):
+    """No reply within the client's deadline; the request's outcome is unknown."""
+
+
+class UnknownOutcomeError(NodeError):
+    """A send whose outcome cannot be known (the connection died after the request left).
+
+    The messages may or may not be stored. ``uniq_keys`` are their client ids: query them
+    by key to find out. The producer never retries these on its own, so a retry can never
+    turn into a silent duplicate.
+    """
+
+    def __init__(self, message: str, uniq_keys: list[str]) -> None:
+        super().__init__(message)
+        self.uniq_keys = uniq_keys

@@ -1,0 +1,383 @@
+"""Request handlers: one method per RequestCode, from a decoded request map to a reply map.
+
+``RequestHandlers.dispatch`` answers at once when it can (a reply map) and otherwise
+returns a ``Deferred``: an async function the server runs in the connection's nursery
+(a long-polling pull, a send waiting for the disk). A send's append always happens inside
+``dispatch``, in the order the frames arrived, so one connection's pipelined sends keep
+their order in each queue.
+
+A handler's refusal is a RequestError (typed reply); a bug is logged and answered with
+SYSTEM_ERROR, so no request can bring the node down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Awaitable, Callable
+
+import trio
+
+from store import GetStatus, Message, MessageStore, PutStatus
+from store.codec import StoredMessage
+from store.errors import MessageNotFound, StoreClosedError, StoreCorruptError, StoreError
+
+from . import protocol
+from .config import NodeConfig
+from .errors import NotMasterError, RequestError
+from .metrics import NodeMetrics
+from .protocol import Fields, RequestCode, ResponseCode
+from .role import RoleMachine
+from .sys_config import SysConfig
+
+log = logging.getLogger(__name__)
+
+Deferred = Callable[[], Awaitable[dict]]
+QUEUE_COUNT_MAX = 1024
+GROUP_BYTES_MAX = 255
+KEY_BYTES_MAX = 255
+LONG_POLLS_MAX = 10_000
+
+
+class PullWaiters:
+    """Long-polling pulls parked per queue, woken when the dispatcher grows that queue.
+
+    ``notify`` runs in trio's thread (the dispatcher thread hands it over with
+    ``TrioToken.run_sync_soon``, which never blocks that thread).
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, int], trio.Event] = {}
+        self.waiting = 0
+
+    def event_for(self, topic: str, queue_id: int) -> trio.Event:
+        key = (topic, queue_id)
+        event = self._events.get(key)
+        if event is None:
+            event = self._events[key] = trio.Event()
+        return event
+
+    def notify(self, grown_queues) -> None:
+        for key in grown_queues:
+            event = self._events.pop(key, None)
+            if event is not None:
+                event.set()
+
+    def notify_all(self) -> None:
+        self.notify(list(self._events))
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerStatistics:
+    requests: int
+    errors: int
+    long_polls_waiting: int
+
+
+class RequestHandlers:
+    """Answers requests against one store, under the node's role."""
+
+    def __init__(self, config: NodeConfig, store: MessageStore, role: RoleMachine, sys_config: SysConfig,
+                 metrics: NodeMetrics, status_extra: Callable[[], dict] | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.role = role
+        self.sys_config = sys_config
+        self.metrics = metrics
+        self.waiters = PullWaiters()
+        self.status_extra = status_extra or (lambda: {})
+        self._round_robin: dict[str, int] = {}
+        self._requests = 0
+        self._errors = 0
+        self._sync_flush = config.flush == "sync"
+        self._table = {
+            RequestCode.SEND: self.send,
+            RequestCode.PULL: self.pull,
+            RequestCode.QUERY_BY_KEY: self.query_by_key,
+            RequestCode.QUERY_BY_TIME: self.query_by_time,
+            RequestCode.QUERY_BY_ID: self.query_by_id,
+            RequestCode.QUEUE_OFFSETS: self.queue_offsets,
+            RequestCode.COMMIT_OFFSETS: self.commit_offsets,
+            RequestCode.QUERY_OFFSETS: self.query_offsets,
+            RequestCode.TOPIC_CREATE: self.topic_create,
+            RequestCode.TOPIC_LIST: self.topic_list,
+            RequestCode.STATUS: self.status,
+        }
+
+    def statistics(self) -> HandlerStatistics:
+        return HandlerStatistics(self._requests, self._errors, self.waiters.waiting)
+
+    # --- dispatch ------------------------------------------------------------------------
+    def dispatch(self, payload: object) -> dict | Deferred:
+        """The reply to one decoded frame, or a Deferred producing it."""
+        self._requests += 1
+        opaque = protocol.opaque_of(payload)
+        if not isinstance(payload, dict):
+            return self._error(None, "BAD_REQUEST", f"a request must be a map, not {type(payload).__name__}")
+        if opaque is None:
+            return self._error(None, "BAD_REQUEST", "field opaque must be an integer in [0, 2^63)")
+        code = payload.get("code")
+        try:
+            request_code = RequestCode(code) if isinstance(code, int) and not isinstance(code, bool) else None
+        except ValueError:
+            request_code = None
+        handler = self._table.get(request_code)
+        if handler is None:
+            return self._error(opaque, "REQUEST_CODE_NOT_SUPPORTED", f"unknown request code {code!r}")
+        try:
+            outcome = handler(Fields(payload))
+        except RequestError as error:
+            return self._error(opaque, error.code, error.message, request_code, error)
+        except StoreClosedError as error:
+            return self._error(opaque, "SERVICE_NOT_AVAILABLE", str(error), request_code)
+        except Exception as error:  # a bug: answer it, log it, keep serving everyone else
+            log.exception("request %s failed", request_code.name)
+            return self._error(opaque, "SYSTEM_ERROR", f"{type(error).__name__}: {error}", request_code)
+        if callable(outcome):
+            return self._guard(opaque, request_code, outcome)
+        self.metrics.count_request(request_code.name, "SUCCESS")
+        return protocol.reply(opaque, **outcome)
+
+    def _guard(self, opaque: int, request_code: RequestCode, deferred: Deferred) -> Deferred:
+        async def run() -> dict:
+            try:
+                fields = await deferred()
+            except RequestError as error:
+                return self._error(opaque, error.code, error.message, request_code, error)
+            except StoreError as error:
+                return self._error(opaque, "SERVICE_NOT_AVAILABLE", str(error), request_code)
+            except Exception as error:
+                log.exception("request %s failed", request_code.name)
+                return self._error(opaque, "SYSTEM_ERROR", f"{type(error).__name__}: {error}", request_code)
+            self.metrics.count_request(request_code.name, "SUCCESS")
+            return protocol.reply(opaque, **fields)
+        return run
+
+    def _error(self, opaque, code: str, message: str, request_code: RequestCode | None = None,
+               error: RequestError | None = None) -> dict:
+        self._errors += 1
+        self.metrics.count_request(request_code.name if request_code else "UNKNOWN", code)
+        extra = {}
+        if isinstance(error, NotMasterError):
+            extra["master_address"] = error.master_address
+        return protocol.error_reply(opaque, code, message, **extra)
+
+    # --- send ----------------------------------------------------------------------------
+    def send(self, f: Fields) -> dict | Deferred:
+        started = time.perf_counter()
+        self.role.check_writable()
+        topic = f.topic()
+        raw_messages = f.list("messages", protocol.BATCH_COUNT_MAX)
+        if not raw_messages:
+            raise protocol.bad_request("field messages must hold at least one message")
+        queue_count = self._writable_queue_count(topic)
+        messages = [self._message(topic, raw, index, queue_count) for index, raw in enumerate(raw_messages)]
+        results = self.store.append(messages)
+        if self._sync_flush:
+            end = max((r.end_offset for r in results if r.status is PutStatus.PUT_OK), default=0)
+
+            async def wait_for_disk() -> dict:
+                flushed = end == 0 or await trio.to_thread.run_sync(self.store.wait_flushed, end)
+                return self._send_reply(messages, results, started, flushed)
+            return wait_for_disk
+        return self._send_reply(messages, results, started, True)
+
+    def _send_reply(self, messages, results, started: float, flushed: bool) -> dict:
+        replies = []
+        ok_count = ok_bytes = 0
+        for message, result in zip(messages, results):
+            status = result.status
+            if status is PutStatus.PUT_OK:
+                if not flushed:
+                    status = PutStatus.FLUSH_DISK_TIMEOUT
+                ok_count += 1
+                ok_bytes += result.wrote_bytes
+            item = {"status": status.value, "queue_id": message.queue_id, "queue_offset": result.queue_offset,
+                    "physical_offset": result.physical_offset, "message_id": result.message_id}
+            if result.reason or status is not result.status:
+                item["reason"] = result.reason or "not on disk within sync_flush_timeout_ms"
+            replies.append(item)
+        self.metrics.put_messages.inc(ok_count)
+        self.metrics.put_bytes.inc(ok_bytes)
+        if ok_count < len(results) or not flushed:
+            self.metrics.put_failures.inc(len(results) - (ok_count if flushed else 0))
+        self.metrics.put_latency.observe(time.perf_counter() - started)
+        return {"results": replies}
+
+    def _writable_queue_count(self, topic: str) -> int:
+        config = self.sys_config.topic(topic)
+        if config is None:
+            if not self.config.auto_create_topics:
+                raise RequestError("TOPIC_NOT_EXIST", f"topic {topic!r} does not exist; create it first")
+            self.sys_config.record(_topic_change(topic, self.config.default_queue_count))
+            config = self.sys_config.topic(topic)
+        return config["writeQueueNums"]
+
+    def _message(self, topic: str, raw: object, index: int, queue_count: int) -> Message:
+        if not isinstance(raw, dict):
+            raise protocol.bad_request(f"messages[{index}] must be a map")
+        m = Fields(raw, prefix=f"messages[{index}].")
+        if raw.get("queue_id") is None:
+            queue_id = self._round_robin.get(topic, 0) % queue_count
+            self._round_robin[topic] = queue_id + 1
+        else:
+            queue_id = m.int("queue_id", 0, 2**31 - 1)
+            if queue_id >= queue_count:
+                raise RequestError("QUEUE_ILLEGAL", f"messages[{index}].queue_id {queue_id} is not below the "
+                                                    f"{queue_count} write queues of {topic!r}")
+        return Message(topic, m.bytes("body", protocol.BODY_BYTES_MAX), queue_id=queue_id,
+                       keys=m.str_list("keys", 64, KEY_BYTES_MAX), tags=m.optional_str("tags", 255),
+                       properties=m.str_map("properties"), flag=m.int("flag", -2**31, 2**31 - 1, 0),
+                       born_timestamp=m.int("born_timestamp", 0, 2**63 - 1, 0))
+
+    # --- pull ----------------------------------------------------------------------------
+    def pull(self, f: Fields) -> dict | Deferred:
+        topic = f.topic(allow_system=True)
+        queue_id = f.int("queue_id", 0, 2**31 - 1)
+        offset = f.int("offset", 0, 2**63 - 1)
+        max_count = f.int("max_count", 1, protocol.PULL_COUNT_MAX, 32)
+        max_bytes = f.int("max_bytes", 1, protocol.PULL_BYTES_MAX, 4 * 1024 * 1024)
+        timeout_ms = f.int("timeout_ms", 0, 2**31 - 1, 0)
+        timeout_ms = min(timeout_ms, self.config.long_polling_timeout_ms_max)
+        fields = self._pull_once(topic, queue_id, offset, max_count, max_bytes)
+        if fields["messages"] or timeout_ms == 0 or fields["status"] not in (
+                GetStatus.NO_NEW_MESSAGE.value, GetStatus.NO_MATCHED_LOGIC_QUEUE.value) \
+                or self.waiters.waiting >= LONG_POLLS_MAX:
+            return fields
+
+        async def long_poll() -> dict:
+            self.waiters.waiting += 1
+            self.metrics.long_polls.inc()
+            try:
+                with trio.move_on_after(timeout_ms / 1000):
+                    while True:
+                        await self.waiters.event_for(topic, queue_id).wait()
+                        result = self._pull_once(topic, queue_id, offset, max_count, max_bytes)
+                        if result["messages"]:
+                            return result
+                return self._pull_once(topic, queue_id, offset, max_count, max_bytes)
+            finally:
+                self.waiters.waiting -= 1
+                self.metrics.long_polls.dec()
+        return long_poll
+
+    def _pull_once(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> dict:
+        try:
+            result = self.store.pull(topic, queue_id, offset, max_count, max_bytes)
+        except StoreCorruptError as error:
+            raise RequestError("SYSTEM_ERROR", f"corrupt message in {topic}/{queue_id} at {offset}: {error}")
+        messages = [message_to_wire(message) for message in result.messages]
+        self.metrics.pull_messages.inc(len(messages))
+        self.metrics.pull_bytes.inc(sum(len(m.body) for m in result.messages))
+        return {"status": result.status.value, "messages": messages, "next_offset": result.next_offset,
+                "min_offset": result.min_offset, "max_offset": result.max_offset}
+
+    # --- queries -------------------------------------------------------------------------
+    def query_by_key(self, f: Fields) -> dict:
+        topic = f.topic(allow_system=True)
+        key = f.str("key", KEY_BYTES_MAX)
+        begin_ms = f.int("begin_ms", 0, 2**63 - 1, 0)
+        end_ms = f.int("end_ms", 0, 2**63 - 1, 2**63 - 1)
+        max_count = f.int("max_count", 1, protocol.QUERY_COUNT_MAX, 32)
+        found = self.store.query_by_key(topic, key, begin_ms, end_ms, max_count)
+        return {"messages": [message_to_wire(message) for message in found]}
+
+    def query_by_time(self, f: Fields) -> dict:
+        topic = f.topic(allow_system=True)
+        queue_id = f.int("queue_id", 0, 2**31 - 1)
+        timestamp_ms = f.int("timestamp_ms", 0, 2**63 - 1)
+        return {"offset": self.store.offset_by_time(topic, queue_id, timestamp_ms)}
+
+    def query_by_id(self, f: Fields) -> dict:
+        message_id = f.str("message_id", 64)
+        try:
+            message = self.store.get_by_message_id(message_id)
+        except MessageNotFound as error:
+            raise RequestError("MESSAGE_NOT_FOUND", str(error)) from None
+        return {"message": message_to_wire(message)}
+
+    def queue_offsets(self, f: Fields) -> dict:
+        topic = f.topic(allow_system=True)
+        queue_id = f.int("queue_id", 0, 2**31 - 1)
+        return {"min_offset": self.store.min_offset(topic, queue_id),
+                "max_offset": self.store.max_offset(topic, queue_id)}
+
+    # --- consumer offsets ----------------------------------------------------------------
+    def commit_offsets(self, f: Fields) -> dict | Deferred:
+        self.role.check_writable()
+        group = f.str("group", GROUP_BYTES_MAX)
+        topic = f.topic()
+        raw = f._get("offsets", None)
+        if not isinstance(raw, dict) or not 1 <= len(raw) <= QUEUE_COUNT_MAX:
+            raise protocol.bad_request(f"field offsets must map queue ids to offsets (1 to {QUEUE_COUNT_MAX})")
+        offsets = {}
+        for queue_id, offset in raw.items():
+            for value in (queue_id, offset):
+                if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+                    raise protocol.bad_request("field offsets must map queue ids to offsets, both integers >= 0")
+            offsets[queue_id] = offset
+        if not group:
+            raise protocol.bad_request("field group must not be empty")
+        _, end = self.sys_config.record({"type": "offsets", "group": group, "topic": topic, "offsets": offsets})
+        return self._after_logged(end, {"committed": len(offsets)})
+
+    def query_offsets(self, f: Fields) -> dict:
+        group = f.str("group", GROUP_BYTES_MAX)
+        topic = f.topic()
+        return {"offsets": self.sys_config.offsets(group, topic)}
+
+    # --- topics --------------------------------------------------------------------------
+    def topic_create(self, f: Fields) -> dict | Deferred:
+        self.role.check_writable()
+        topic = f.topic()
+        queue_count = f.int("queue_count", 1, QUEUE_COUNT_MAX, self.config.default_queue_count)
+        _, end = self.sys_config.record(_topic_change(topic, queue_count))
+        return self._after_logged(end, {"topic": topic, "queue_count": queue_count})
+
+    def _after_logged(self, end_offset: int, fields: dict) -> dict | Deferred:
+        if not self._sync_flush:
+            return fields
+
+        async def wait_for_disk() -> dict:
+            if not await trio.to_thread.run_sync(self.store.wait_flushed, end_offset):
+                raise RequestError("SERVICE_NOT_AVAILABLE", "the change is logged but not on disk in time")
+            return fields
+        return wait_for_disk
+
+    def topic_list(self, f: Fields) -> dict:
+        include_system = f.bool("include_system", False)
+        queues = self.store.topics()
+        topics = {}
+        for name, config in self.sys_config.topics.items():
+            if name.startswith(protocol.SYS_TOPIC_PREFIX) and not include_system:
+                continue
+            topics[name] = {"queue_count": config["writeQueueNums"], "perm": config["perm"],
+                            "queues_with_messages": sorted(queues.get(name, []))}
+        return {"topics": topics}
+
+    # --- status --------------------------------------------------------------------------
+    def status(self, f: Fields) -> dict:
+        role = self.role.state
+        store = asdict(self.store.statistics())
+        store.pop("recovery", None)
+        recovery = self.store.recovery
+        return {"node_id": self.config.node_id, "cluster": self.config.cluster, "group": self.config.group,
+                "role": role.role.value, "epoch": role.epoch, "master_address": role.master_client_address,
+                "store": store, "recovery": repr(recovery) if recovery else None,
+                "topics": len(self.sys_config.topics), "sys_config_replayed": self.sys_config.replayed_records,
+                "long_polls_waiting": self.waiters.waiting, **self.status_extra()}
+
+
+def _topic_change(topic: str, queue_count: int) -> dict:
+    return {"type": "topic", "topic": topic, "queue_count": queue_count, "perm": 6}
+
+
+def message_to_wire(message: StoredMessage) -> dict:
+    """A stored message as a reply carries it."""
+    return {"topic": message.topic, "queue_id": message.queue_id, "queue_offset": message.queue_offset,
+            "physical_offset": message.physical_offset, "message_id": message.message_id,
+            "body": message.body, "properties": message.user_properties, "flag": message.flag,
+            "born_timestamp": message.born_timestamp, "store_timestamp": message.store_timestamp,
+            "born_host": message.born_host, "store_host": message.store_host,
+            "reconsume_times": message.reconsume_times}

@@ -1,0 +1,107 @@
+"""Prometheus metrics of one node, in its own CollectorRegistry, served over HTTP by trio.
+
+A per-node registry (not prometheus_client's global one) lets several nodes share a
+process, as tests do. Store figures are read from ``store.statistics()`` at scrape time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from .config import split_address
+
+log = logging.getLogger(__name__)
+
+REQUEST_HEAD_BYTES_MAX = 8192
+SCRAPE_TIMEOUT_S = 10
+
+
+class NodeMetrics:
+    """The node's counters, histograms and gauges."""
+
+    def __init__(self, node_id: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = {"node": node_id}
+        r = self.registry
+        self.put_messages = Counter("hastore_put_messages", "Messages stored by send requests", registry=r,
+                                    labelnames=["node"]).labels(**labels)
+        self.put_bytes = Counter("hastore_put_bytes", "Bytes written to the CommitLog by send requests",
+                                 registry=r, labelnames=["node"]).labels(**labels)
+        self.put_failures = Counter("hastore_put_failures", "Messages refused or not confirmed", registry=r,
+                                    labelnames=["node"]).labels(**labels)
+        self.put_latency = Histogram("hastore_put_latency_seconds", "Send request latency inside the node",
+                                     registry=r, labelnames=["node"],
+                                     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                              0.1, 0.25, 0.5, 1, 2.5, 5)).labels(**labels)
+        self.pull_messages = Counter("hastore_pull_messages", "Messages returned by pull requests", registry=r,
+                                     labelnames=["node"]).labels(**labels)
+        self.pull_bytes = Counter("hastore_pull_bytes", "Message bytes returned by pull requests", registry=r,
+                                  labelnames=["node"]).labels(**labels)
+        self.requests = Counter("hastore_requests", "Requests by code and outcome", registry=r,
+                                labelnames=["node", "request", "response"])
+        self.connections = Gauge("hastore_connections", "Open client connections", registry=r,
+                                 labelnames=["node"]).labels(**labels)
+        self.connections_total = Counter("hastore_connections_accepted", "Client connections accepted",
+                                         registry=r, labelnames=["node"]).labels(**labels)
+        self.long_polls = Gauge("hastore_long_polling_pulls", "Pulls waiting for new messages", registry=r,
+                                labelnames=["node"]).labels(**labels)
+        self._store_gauges = {
+            name: Gauge(f"hastore_store_{name}", help_text, registry=r, labelnames=["node"]).labels(**labels)
+            for name, help_text in (
+                ("max_physical_offset", "CommitLog max offset"),
+                ("min_physical_offset", "CommitLog min offset"),
+                ("flushed_offset", "CommitLog offset on disk"),
+                ("dispatched_offset", "CommitLog offset dispatched to ConsumeQueue and IndexFile"),
+                ("dispatch_lag_bytes", "CommitLog bytes written but not yet dispatched"),
+            )
+        }
+        self._node = node_id
+
+    def count_request(self, request: str, response: str) -> None:
+        self.requests.labels(node=self._node, request=request, response=response).inc()
+
+    def watch_store(self, store) -> None:
+        """Read the store gauges from ``store.statistics()`` at each scrape."""
+        for name, gauge in self._store_gauges.items():
+            gauge.set_function(lambda name=name: getattr(store.statistics(), name))
+
+    def render(self) -> bytes:
+        """Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+async def serve_metrics(listeners: list, metrics: NodeMetrics, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Answer every HTTP request on ``listeners`` with the Prometheus text of ``metrics``."""
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        try:
+            with trio.move_on_after(SCRAPE_TIMEOUT_S):
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < REQUEST_HEAD_BYTES_MAX:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        return
+                    head += chunk
+                path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
+                if path.split(b"?")[0] in (b"/", b"/metrics"):
+                    body, status = metrics.render(), b"200 OK"
+                else:
+                    body, status = b"not found: try /metrics\n", b"404 Not Found"
+                await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Type: "
+                                      + CONTENT_TYPE_LATEST.encode() + b"\r\nContent-Length: "
+                                      + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    await trio.serve_listeners(handle, listeners, task_status=task_status)
+
+
+async def open_listeners(address: str) -> list:
+    host, port = split_address(address)
+    return await trio.open_tcp_listeners(port, host=host)
