@@ -73,7 +73,14 @@ def recover(commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexServic
     if reason not in ("end of data", "end of files"):
         log.warning("commit log cut at %d: %s", end, reason)
     commit_log.set_end(end)
-    rollback_to = min(state.dispatched_phy_offset, end) if usable else min(scan_start, end)
+    if usable:
+        rollback_to = min(state.dispatched_phy_offset, end)
+    else:
+        # dispatch runs in log order, so the furthest queue entry marks how far it got;
+        # anything past that (or past the scan start) is dispatched again
+        reached = max((queue.physical_offset_at(queue.max_offset - 1) for queue in queues.all()
+                       if queue.max_offset > queue.min_offset), default=0)
+        rollback_to = min(scan_start, reached, end)
     rollback_to = max(rollback_to, commit_log.min_offset) if files else 0
     for queue in queues.all():
         queue.truncate_physical(rollback_to)

@@ -49,26 +49,38 @@ def segment_files(store_path) -> list[str]:
     return sorted(os.path.join(directory, n) for n in os.listdir(directory) if len(n) == 20 and n.isdigit())
 
 
-def scan_commit_log(store_path, *, stop_at_invalid: bool = True) -> list[codec.StoredMessage]:
+def scan_commit_log(store_path) -> list[codec.StoredMessage]:
     """Decode the CommitLog straight from the segment files, independent of the store."""
+    return scan_log(store_path)[0]
+
+
+def scan_log(store_path) -> tuple[list[codec.StoredMessage], int]:
+    """(messages, end offset of the last record, blank records included) from the files."""
     messages = []
+    end = None
     for path in segment_files(store_path):
         with open(path, "rb") as handle:
             data = handle.read()
         start = int(os.path.basename(path))
+        if end is None:
+            end = start
+        if end != start:
+            break                             # a preallocated file past the log's end
         position = 0
         while position + 8 <= len(data):
             size, magic = struct.unpack_from(">iI", data, position)
             if magic == codec.BLANK_MAGIC:
                 assert position + size == len(data), f"blank record at {start + position} does not end {path}"
+                position = len(data)
                 break
             if size == 0 and magic == 0:
-                return messages  # unwritten space: the end of the log
+                return messages, start + position  # unwritten space: the end of the log
             message = codec.decode_message(data[position:position + size])
             assert message.physical_offset == start + position
             messages.append(message)
             position += size
-    return messages
+        end = start + position
+    return messages, end or 0
 
 
 def read_cq_entries(store_path, topic: str, queue_id: int) -> dict[int, tuple[int, int, int]]:
@@ -101,9 +113,8 @@ def same_message(stored: codec.StoredMessage, put) -> bool:
 def check_indexes_agree_with_log(store: MessageStore) -> list[codec.StoredMessage]:
     """ConsumeQueue and IndexFile agree with the CommitLog; returns the log's messages."""
     assert store.wait_dispatched(), "dispatcher did not catch up"
-    log_messages = scan_commit_log(store.config.store_path)
-    assert store.commit_log.max_offset == (log_messages[-1].physical_offset + log_messages[-1].total_size
-                                           if log_messages else store.commit_log.max_offset)
+    log_messages, end = scan_log(store.config.store_path)
+    assert store.commit_log.max_offset == end
     by_queue: dict[tuple[str, int], list[codec.StoredMessage]] = {}
     for message in log_messages:
         by_queue.setdefault((message.topic, message.queue_id), []).append(message)
