@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -272,14 +271,3 @@ class CommitLog:
             self.max_offset = offset
             self.flushed_offset = min(self.flushed_offset, offset)
             self.segments.request_ahead()
-
-    def crc_ok(self, offset: int) -> bool:
-        try:
-            self.read_message(offset)
-            return True
-        except (StoreCorruptError, MessageNotFound):
-            return False
-
-
-def body_crc(body: bytes) -> int:
-    return zlib.crc32(body) & 0x7FFFFFFF
