@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import struct
 import threading
 from typing import Callable
@@ -81,6 +82,17 @@ class ConsumeQueueTable:
     def close(self) -> None:
         for queue in self.all():
             queue.close()
+
+    def destroy_all(self) -> None:
+        """Delete every queue's files (a replica whose whole log is being replaced)."""
+        with self._lock:
+            for queue in self.all():
+                for mapped in reversed(queue.files.files):
+                    mapped.destroy()
+                queue.files.files = []
+            self.queues = {}
+            for topic in os.listdir(self.root):
+                shutil.rmtree(os.path.join(self.root, topic), ignore_errors=True)
 
 
 class Dispatcher:

@@ -401,6 +401,12 @@ class IndexService:
                 return index_file.header.end_physical_offset
         return -1
 
+    def destroy_all(self) -> None:
+        """Delete every index file (a replica whose whole log is being replaced)."""
+        for index_file in reversed(self.files):
+            index_file.destroy()
+        self.files = []
+
     def rollback(self, physical_offset: int, *, repair: bool) -> int:
         """Remove entries at or past ``physical_offset``; drop files left empty."""
         removed = 0

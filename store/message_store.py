@@ -1,6 +1,7 @@
 """MessageStore: the single-node storage engine, composed of its parts.
 
     {store_path}/commitlog/  consumequeue/  index/  config/  checkpoint  abort  lock
+                 truncate   (only while a replication cut is in progress)
 
 It owns the parts (CommitLog, ConsumeQueueTable, IndexService, Dispatcher, FlushService,
 Checkpoint, ConfigStore, Retention) and wires them; none of them holds a reference back to
@@ -23,17 +24,18 @@ import zlib
 from dataclasses import dataclass
 
 from . import codec
-from .checkpoint import Checkpoint
-from .codec import StoredMessage
+from .checkpoint import Checkpoint, CheckpointState
+from .codec import CorruptMessage, StoredMessage
 from .commit_log import CommitLog, PreparedMessage
 from .config import StoreConfig
 from .config_files import ConfigStore, write_atomically
 from .dispatcher import ConsumeQueueTable, Dispatcher
-from .errors import MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError
+from .errors import MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError, invariant
 from .flush import FlushService
 from .index_file import IndexService
 from .message import Message, PutResult, PutStatus
 from .recovery import RecoveryReport, recover
+from .replica_log import CUT, RESET, CutIntent, CutMarker, check_chunk, read_chunk
 from .retention import Retention
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,8 @@ class MessageStore:
         self._put_messages = 0
         self._put_bytes = 0
         self._abort_path = os.path.join(root, "abort")
+        self._cut_marker = CutMarker(root)
+        self._write_state_stale = False
         self._topic_cache: dict[str, bytes] = {}
         self._host_cache: dict[str, bytes] = {}
 
@@ -122,8 +126,13 @@ class MessageStore:
             self.queues.load()
             self.index.load()
             self._create_abort_file()
+            intent = self._cut_marker.read()
+            if intent is not None and intent.kind == RESET:
+                log.warning("finishing an interrupted replica reset to offset %d", intent.offset)
+                self._drop_everything(intent.offset)
             self.recovery = recover(self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint,
-                                    abnormal=abnormal)
+                                    abnormal=abnormal,
+                                    cut_offset=intent.offset if intent is not None and intent.kind == CUT else None)
             self.confirm_offset = min(self.checkpoint.state.confirm_phy_offset, self.commit_log.max_offset)
             self.flusher = FlushService(self.commit_log, self.dispatcher, self.checkpoint,
                                         sync=self.config.flush == "sync",
@@ -136,6 +145,10 @@ class MessageStore:
                 # the old checkpoint claims bytes recovery cut: replace it before any new write
                 self.flusher.flush_now()
                 self.flusher.write_checkpoint()
+            if intent is not None:
+                self.flusher.flush_now()
+                self.flusher.write_checkpoint()
+                self._cut_marker.clear()
             self.retention = Retention(self.commit_log, self.queues, self.index, self.dispatcher, self.root,
                                        file_reserved_hours=self.config.file_reserved_hours,
                                        disk_max_used_ratio=self.config.disk_max_used_ratio,
@@ -282,6 +295,8 @@ class MessageStore:
             else:
                 results.append(None)
                 prepared.append(outcome)
+        if self._write_state_stale:
+            self.catch_up_for_writes()
         written = iter(self.commit_log.append(prepared)) if prepared else iter(())
         merged = [result if result is not None else next(written) for result in results]
         self.dispatcher.wake.set()
@@ -433,10 +448,148 @@ class MessageStore:
         """Topics with their queue ids, as the ConsumeQueues know them."""
         return self.queues.topics()
 
+    # --- replication ---------------------------------------------------------------------
+    @property
+    def max_physical_offset(self) -> int:
+        """End of the CommitLog: always a record boundary."""
+        return self.commit_log.max_offset
+
+    @property
+    def min_physical_offset(self) -> int:
+        return self.commit_log.min_offset
+
+    def read_for_replication(self, offset: int, max_bytes: int) -> bytes:
+        """Whole records from ``offset`` within one segment, at most ``max_bytes`` (at least one
+        record); a segment's closing blank record included. b"" at the end of the log."""
+        self._check_running()
+        if offset < self.commit_log.min_offset:
+            raise MessageNotFound(f"offset {offset} is below the commit log's first offset "
+                                  f"{self.commit_log.min_offset}")
+        return read_chunk(self.commit_log.segments, offset, self.commit_log.max_offset, max_bytes)
+
+    def append_replicated(self, offset: int, data: bytes) -> int:
+        """A replica's write: whole records exactly at the end of the log. Returns the new end.
+
+        The framing is checked before a byte lands (ChunkError, a StoreError, otherwise);
+        the dispatcher then builds this replica's own ConsumeQueue and IndexFile.
+        """
+        self._check_running()
+        check_chunk(data, offset, self.commit_log.segment_bytes)
+        self.commit_log.append_bytes(offset, data)
+        self._write_state_stale = True
+        self.dispatcher.wake.set()
+        end = self.commit_log.max_offset
+        if self.config.flush == "sync":
+            self.flusher.request(end)
+        return end
+
+    def catch_up_for_writes(self) -> None:
+        """Before a promoted replica's first own put: dispatch everything replicated and take
+        each queue's next offset and the last store time from what was dispatched."""
+        self._check_running()
+        self.dispatcher.catch_up()
+        with self.commit_log._write_lock:
+            self.commit_log.queue_offsets = {key: queue.max_offset for key, queue in self.queues.queues.items()}
+            self.commit_log.last_store_timestamp = max(self.commit_log.last_store_timestamp,
+                                                       self.dispatcher.last_store_timestamp)
+        self._write_state_stale = False
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut CommitLog, ConsumeQueue and IndexFile at ``offset`` (a record boundary).
+
+        Crash-safe: the intent is recorded in the ``truncate`` marker first and the marker
+        removed only once the cut and a new checkpoint are on disk; a start that finds it
+        finishes the cut before trusting anything past ``offset``.
+        """
+        self._check_running()
+        commit_log = self.commit_log
+        if offset == commit_log.max_offset:
+            return
+        if not commit_log.min_offset <= offset < commit_log.max_offset:
+            raise StoreError(f"cannot cut at {offset}: the commit log holds [{commit_log.min_offset}, "
+                             f"{commit_log.max_offset}); use reset() to replace it")
+        self._check_record_boundary(offset)
+        self._pause_background()
+        try:
+            self._cut_marker.write(CutIntent(CUT, offset))
+            self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, offset)
+            commit_log.set_end(offset)
+            for queue in self.queues.all():
+                queue.truncate_physical(offset)
+            self.index.rollback(offset, repair=False)
+            self.confirm_offset = min(self.confirm_offset, offset)
+            self._write_state_stale = True
+            self.flusher.flush_now()
+            self.flusher.write_checkpoint()
+            self._cut_marker.clear()
+        finally:
+            self._resume_background()
+        log.info("commit log cut at %d for replication", offset)
+
+    def reset(self, start_offset: int) -> None:
+        """Drop the whole log and its indexes; the log restarts empty at ``start_offset``
+        (a segment boundary). For a replica whose master no longer holds its log's start."""
+        self._check_running()
+        if start_offset < 0 or start_offset % self.commit_log.segment_bytes:
+            raise StoreError(f"reset offset {start_offset} is not a segment boundary "
+                             f"(segments are {self.commit_log.segment_bytes} bytes)")
+        self._pause_background()
+        try:
+            self._cut_marker.write(CutIntent(RESET, start_offset))
+            self._drop_everything(start_offset)
+            self.flusher.write_checkpoint()
+            self._cut_marker.clear()
+        finally:
+            self._resume_background()
+        log.info("commit log reset to start at %d for replication", start_offset)
+
+    def _drop_everything(self, start_offset: int) -> None:
+        self.queues.destroy_all()
+        self.index.destroy_all()
+        commit_log = self.commit_log
+        commit_log.segments.reset_to(start_offset)
+        commit_log.max_offset = commit_log.flushed_offset = start_offset
+        commit_log.queue_offsets = {}
+        self.dispatcher.dispatched_offset = start_offset
+        self.confirm_offset = start_offset
+        self.checkpoint.write(CheckpointState(
+            physic_msg_timestamp=commit_log.last_store_timestamp, logics_msg_timestamp=self.dispatcher.last_store_timestamp,
+            index_msg_timestamp=self.dispatcher.last_store_timestamp, confirm_phy_offset=start_offset,
+            flushed_phy_offset=start_offset, dispatched_phy_offset=start_offset))
+
+    def _check_record_boundary(self, offset: int) -> None:
+        segment = self.commit_log.segments.find(offset)
+        try:
+            invariant(segment is not None, "offset inside the log")
+            header = codec.check_record(segment.mm, offset - segment.start_offset, segment.size)
+        except (CorruptMessage, AssertionError) as error:
+            raise StoreError(f"cannot cut at {offset}: no whole record starts there ({error})") from None
+        if header.is_blank:
+            raise StoreError(f"cannot cut at {offset}: a segment's closing blank record starts there")
+
+    def _pause_background(self) -> None:
+        self.retention.stop()
+        self.dispatcher.stop()
+        self.flusher.stop()
+
+    def _resume_background(self) -> None:
+        self.flusher.start()
+        self.dispatcher.start()
+        self.retention.start()
+
+    def store_timestamp_at(self, offset: int) -> int:
+        """Store time of the message starting at ``offset``; -1 when there is none."""
+        if not self.commit_log.min_offset <= offset < self.commit_log.max_offset:
+            return -1
+        return self.commit_log.store_timestamp_at(offset)
+
     # --- background hooks ----------------------------------------------------------------
     def add_dispatch_listener(self, listener) -> None:
         """``listener(dispatched_offset, grown_queues)`` after each dispatch pass (dispatcher thread)."""
         self.dispatcher.add_listener(listener)
+
+    def remove_dispatch_listener(self, listener) -> None:
+        self.dispatcher.remove_listener(listener)
 
     def run_retention(self, now_ms: int | None = None) -> int:
         """One retention pass now; returns the number of CommitLog segments deleted."""

@@ -49,7 +49,8 @@ class RecoveryReport:
 
 
 def recover(commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService, dispatcher: Dispatcher,
-            checkpoint: Checkpoint, *, abnormal: bool) -> RecoveryReport:
+            checkpoint: Checkpoint, *, abnormal: bool, cut_offset: int | None = None) -> RecoveryReport:
+    """Recover the store; ``cut_offset`` (a replication cut that a crash interrupted) caps the log."""
     started = time.perf_counter()
     files = commit_log.segments.files
     data_end = files[-1].end_offset if files else 0
@@ -60,8 +61,13 @@ def recover(commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexServic
     else:
         first = max(0, len(files) - SEGMENTS_SCANNED_WITHOUT_CHECKPOINT)
         scan_start = files[first].start_offset if files else 0
+    if cut_offset is not None and files:
+        cut_offset = max(cut_offset, commit_log.min_offset)
+        scan_start = min(scan_start, cut_offset)
     end, last_timestamp, reason = commit_log.scan_valid_end(scan_start)
-    if end == scan_start and reason != "end of data" and usable:
+    if cut_offset is not None and end > cut_offset:
+        end, reason = cut_offset, "replication cut"
+    if end == scan_start and reason not in ("end of data", "replication cut") and usable:
         segment = commit_log.segments.find(scan_start)
         if segment is not None and segment.start_offset != scan_start:
             log.warning("checkpoint offset %d is not a record boundary (%s); scanning its segment from %d",
@@ -70,7 +76,7 @@ def recover(commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexServic
             end, last_timestamp, reason = commit_log.scan_valid_end(scan_start)
             usable = False
     truncated = _bytes_after(commit_log, end)
-    if reason not in ("end of data", "end of files"):
+    if reason not in ("end of data", "end of files", "replication cut"):
         log.warning("commit log cut at %d: %s", end, reason)
     commit_log.set_end(end)
     if usable:

@@ -1,0 +1,197 @@
+"""The store's replication surface: whole-record chunks, replica appends, cuts and resets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from store import Message, MessageStore, PutStatus, StoreError
+from store.replica_log import CUT, RESET, ChunkError, CutIntent, CutMarker, check_chunk
+from store_helpers import make_config, pull_all, segment_files
+
+SEGMENT = 64 * 1024
+
+
+def fill(store: MessageStore, count: int, *, topic: str = "t", start: int = 0, body_bytes: int = 700) -> list:
+    results = []
+    for number in range(start, start + count):
+        body = (b"%06d" % number) * (body_bytes // 6)
+        results.append(store.put(Message(topic, body, queue_id=number % 3, keys=[f"k{number}"], tags=f"tag{number % 2}")))
+    assert all(r.status is PutStatus.PUT_OK for r in results)
+    return results
+
+
+def replicate(master: MessageStore, replica: MessageStore, max_bytes: int) -> int:
+    """Copy the master's log to the replica chunk by chunk; return the number of chunks."""
+    chunks = 0
+    for _ in range(100_000):
+        offset = replica.max_physical_offset
+        chunk = master.read_for_replication(offset, max_bytes)
+        if not chunk:
+            return chunks
+        assert replica.append_replicated(offset, chunk) == offset + len(chunk)
+        chunks += 1
+    raise AssertionError("replication did not finish")
+
+
+def log_bytes(path) -> bytes:
+    return b"".join(open(name, "rb").read() for name in segment_files(path))
+
+
+@pytest.mark.parametrize("max_bytes", [1, 5000, 1 << 20])
+def test_replica_log_is_byte_identical_and_answers_the_same_queries(open_store, max_bytes):
+    master = open_store()
+    fill(master, 300)                       # about 3.3 segments, blank records included
+    replica = open_store()
+    chunks = replicate(master, replica, max_bytes)
+    assert replica.max_physical_offset == master.max_physical_offset
+    # a chunk never spans segments and never exceeds max_bytes unless one record does
+    assert chunks >= (300 if max_bytes == 1 else master.max_physical_offset // min(max_bytes, SEGMENT))
+    assert replica.wait_dispatched()
+    assert master.wait_dispatched()
+    for queue_id in range(3):
+        assert [m.physical_offset for m in pull_all(replica, "t", queue_id)] == \
+               [m.physical_offset for m in pull_all(master, "t", queue_id)]
+    found = replica.query_by_key("t", "k123")
+    assert [m.body for m in found] == [m.body for m in master.query_by_key("t", "k123")] and found
+    master.shutdown()
+    replica.shutdown()
+    assert log_bytes(replica.config.store_path) == log_bytes(master.config.store_path)
+
+
+def test_a_promoted_replica_continues_every_queue_where_the_master_stopped(open_store):
+    master = open_store()
+    fill(master, 50)
+    replica = open_store()
+    replicate(master, replica, 1 << 20)
+    result = replica.put(Message("t", b"after promotion", queue_id=1))
+    assert result.status is PutStatus.PUT_OK
+    assert result.queue_offset == master.max_offset("t", 1)
+    assert replica.wait_dispatched()
+    assert pull_all(replica, "t", 1)[-1].body == b"after promotion"
+
+
+def test_replica_append_refuses_the_wrong_offset_and_broken_framing(open_store):
+    master = open_store()
+    fill(master, 10)
+    replica = open_store()
+    chunk = master.read_for_replication(0, 1 << 20)
+    with pytest.raises(StoreError):
+        replica.append_replicated(100, chunk)             # not the replica's end
+    with pytest.raises(ChunkError):
+        replica.append_replicated(0, chunk[:-3])          # ends inside a record
+    with pytest.raises(ChunkError):
+        replica.append_replicated(0, b"\0" * 8 + chunk)   # no record at the start
+    assert replica.max_physical_offset == 0
+    replica.append_replicated(0, chunk)
+    assert replica.max_physical_offset == master.max_physical_offset
+
+
+def test_check_chunk_rules():
+    with pytest.raises(ChunkError, match="crosses a segment"):
+        check_chunk(b"\0" * 16, SEGMENT - 8, SEGMENT)
+    with pytest.raises(ChunkError, match="header"):
+        check_chunk(b"\0" * 4, 0, SEGMENT)
+    blank = (16).to_bytes(4, "big") + (0xCBD43194).to_bytes(4, "big") + b"\0" * 8
+    check_chunk(blank, SEGMENT - 16, SEGMENT)
+    with pytest.raises(ChunkError, match="does not close"):
+        check_chunk(blank, SEGMENT - 32, SEGMENT)
+
+
+def test_truncate_cuts_log_queues_and_index_and_replication_resumes(open_store):
+    master = open_store()
+    results = fill(master, 200)
+    replica = open_store()
+    replicate(master, replica, 1 << 20)
+    assert replica.wait_dispatched()
+    cut = results[120].physical_offset
+    replica.truncate_to(cut)
+    assert replica.max_physical_offset == cut
+    assert replica.query_by_key("t", "k150") == []
+    assert replica.query_by_key("t", "k100")
+    for queue_id in range(3):
+        assert all(m.physical_offset < cut for m in pull_all(replica, "t", queue_id))
+    replicate(master, replica, 3000)
+    assert replica.wait_dispatched()
+    assert [m.body for m in replica.query_by_key("t", "k150")] == [m.body for m in master.query_by_key("t", "k150")]
+    master.shutdown()
+    replica.shutdown()
+    assert log_bytes(replica.config.store_path) == log_bytes(master.config.store_path)
+
+
+def test_truncate_refuses_offsets_that_are_no_record_start(open_store):
+    store = open_store()
+    results = fill(store, 5)
+    with pytest.raises(StoreError, match="no whole record"):
+        store.truncate_to(results[2].physical_offset + 3)
+    with pytest.raises(StoreError, match="holds"):
+        store.truncate_to(store.max_physical_offset + 100)
+    assert store.max_physical_offset == results[-1].end_offset
+
+
+def test_a_cut_interrupted_by_a_crash_is_finished_at_the_next_start(tmp_path):
+    path = tmp_path / "s"
+    store = MessageStore(make_config(path))
+    store.start()
+    results = fill(store, 150)
+    assert store.wait_dispatched()
+    store.flusher.flush_now()
+    store.flusher.write_checkpoint()
+    store.halt()
+    cut = results[90].physical_offset
+    CutMarker(str(path)).write(CutIntent(CUT, cut))   # the crash came right after the intent
+    store = MessageStore(make_config(path))
+    store.start()
+    try:
+        assert store.max_physical_offset == cut
+        assert not os.path.exists(path / "truncate")
+        assert store.query_by_key("t", "k100") == []
+        assert store.query_by_key("t", "k50")
+        assert max(m.physical_offset for q in range(3) for m in pull_all(store, "t", q)) < cut
+    finally:
+        store.shutdown()
+    store = MessageStore(make_config(path))           # and the cut stays cut
+    store.start()
+    assert store.max_physical_offset == cut
+    store.shutdown()
+
+
+def test_reset_replaces_the_log_with_an_empty_one_at_a_segment_boundary(open_store, tmp_path):
+    master = open_store()
+    fill(master, 200)
+    replica = open_store()
+    replicate(master, replica, 1 << 20)
+    with pytest.raises(StoreError, match="segment boundary"):
+        replica.reset(100)
+    replica.reset(2 * SEGMENT)
+    assert replica.min_physical_offset == replica.max_physical_offset == 2 * SEGMENT
+    assert replica.topics() == {}
+    replicate(master, replica, 1 << 20)
+    assert replica.wait_dispatched()
+    assert replica.max_physical_offset == master.max_physical_offset
+    later = [m for m in pull_all(master, "t", 0) if m.physical_offset >= 2 * SEGMENT]
+    assert [m.body for m in pull_all(replica, "t", 0)] == [m.body for m in later]
+
+
+def test_an_interrupted_reset_is_finished_at_the_next_start(tmp_path):
+    path = tmp_path / "s"
+    store = MessageStore(make_config(path))
+    store.start()
+    fill(store, 150)
+    store.halt()
+    CutMarker(str(path)).write(CutIntent(RESET, SEGMENT))
+    store = MessageStore(make_config(path))
+    store.start()
+    try:
+        assert store.min_physical_offset == store.max_physical_offset == SEGMENT
+        assert store.topics() == {}
+    finally:
+        store.shutdown()
+
+
+def test_store_timestamp_at(open_store):
+    store = open_store()
+    results = fill(store, 3)
+    assert store.store_timestamp_at(results[1].physical_offset) == results[1].store_timestamp
+    assert store.store_timestamp_at(store.max_physical_offset) == -1
