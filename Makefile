@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# System packages the tests and the demo run for real: ZooKeeper (with its Java runtime).
+ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench clean system-packages
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip" 2>/dev/null || (apt-get update && apt-get install -y python3-venv)
@@ -13,10 +15,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+system-packages:
+	@test -f $(ZOOKEEPER_JAR) && command -v java >/dev/null || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends zookeeper)
+
+test: $(STAMP) system-packages
 	$(BIN)/pytest -q
 
-demo: $(STAMP)
+demo: $(STAMP) system-packages
 	$(BIN)/hastore demo
 
 bench: $(STAMP)
