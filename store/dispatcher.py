@@ -139,11 +139,13 @@ class Dispatcher:
             count = 0
             offset = start
             last_timestamp = self.last_store_timestamp
-            index_entries: list[tuple[int, int, int]] = []
-            add_index_entry = index_entries.append
+            # key hashes are computed in one batch after the walk (codec.index_key_hashes)
+            key_prefixes: list[int] = []
+            index_keys: list[str] = []
+            key_offsets: list[int] = []
+            key_timestamps: list[int] = []
             tags_codes = self._tags_codes
             prefix_hashes = self._topic_hash_prefix
-            key_hash = codec.index_key_hash_with_prefix
             pack_entry = ENTRY.pack
             unpack = _FIELDS.unpack_from
             for mm, position, size, is_blank in self.commit_log.records(start, end):
@@ -191,14 +193,21 @@ class Dispatcher:
                     if keys:
                         for key in keys.split(" "):
                             if key:
-                                add_index_entry((key_hash(prefix, key), physical_offset, store_timestamp))
+                                key_prefixes.append(prefix)
+                                index_keys.append(key)
+                                key_offsets.append(physical_offset)
+                                key_timestamps.append(store_timestamp)
                     if uniq:
-                        add_index_entry((key_hash(prefix, uniq), physical_offset, store_timestamp))
+                        key_prefixes.append(prefix)
+                        index_keys.append(uniq)
+                        key_offsets.append(physical_offset)
+                        key_timestamps.append(store_timestamp)
                 last_timestamp = store_timestamp
                 offset = physical_offset + size
                 count += 1
-            if index_entries:
-                self.index.put_many(index_entries)
+            if index_keys:
+                hashes = codec.index_key_hashes(key_prefixes, index_keys)
+                self.index.put_many(list(zip(hashes, key_offsets, key_timestamps)))
             for queue_key, run in pending.items():
                 self._write_queue(queue_key, run)
             self.last_store_timestamp = last_timestamp

@@ -292,3 +292,22 @@ def test_crc_check_can_be_skipped_but_lengths_still_checked():
     damaged[0] ^= 0x01                       # TOTALSIZE off by one
     with pytest.raises(codec.CorruptMessage):
         codec.decode_message(bytes(damaged), check_crc=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["t#", "orders#", "%SYS%x#", "é#"]),
+                          st.one_of(st.text(min_size=1, max_size=40),
+                                    st.text(alphabet="0123456789ABCDEF", min_size=32, max_size=32))),
+                min_size=0, max_size=60))
+def test_batched_index_key_hashes_match_the_scalar_hash(pairs):
+    # many keys share a length, so the vector path runs; odd ones take the scalar path
+    prefixes = [codec.java_hash_unsigned(prefix) for prefix, _ in pairs]
+    keys = [key for _, key in pairs]
+    assert codec.index_key_hashes(prefixes, keys) == [codec.index_key_hash(p + k) for p, k in pairs]
+
+
+def test_batched_index_key_hashes_keep_the_min_value_rule():
+    # "polygenelubricants" hashes to Integer.MIN_VALUE; abs() of it is 0 in the index
+    prefix, key = "polygene", "lubricants"
+    hashes = codec.index_key_hashes([codec.java_hash_unsigned(prefix)] * 10, [key] * 10)
+    assert hashes == [0] * 10
