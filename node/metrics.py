@@ -10,6 +10,7 @@ import logging
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from .config import split_address
@@ -69,9 +70,64 @@ class NodeMetrics:
         for name, gauge in self._store_gauges.items():
             gauge.set_function(lambda name=name: getattr(store.statistics(), name))
 
+    def watch_replication(self, status) -> None:
+        """Per-slave lag gauges (and the master's confirm offset) read from ``status()`` (the
+        node's replication section) at each scrape; slaves come and go, so a collector."""
+        self.registry.register(_ReplicationCollector(self._node, status))
+
     def render(self) -> bytes:
         """Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _ReplicationCollector:
+    """Prometheus collector over the replication status section."""
+
+    _SLAVE_GAUGES = (
+        ("ack_offset", "hastore_replication_slave_ack_offset", "CommitLog offset the slave acknowledged"),
+        ("lag_bytes", "hastore_replication_slave_lag_bytes", "Master max offset minus the slave's ack"),
+        ("lag_ms", "hastore_replication_slave_lag_ms", "Age of the oldest message the slave has not acknowledged"),
+        ("in_sync", "hastore_replication_slave_in_sync", "1 when the slave is in the sync-state set"),
+        ("connected", "hastore_replication_slave_connected", "1 while the slave is connected"),
+        ("rate_bytes_per_s", "hastore_replication_slave_rate_bytes_per_s", "Bytes per second the slave acks"),
+    )
+
+    def __init__(self, node_id: str, status) -> None:
+        self._node = node_id
+        self._status = status
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        status = self._status()
+        node = self._node
+        role = GaugeMetricFamily("hastore_replication_is_master", "1 on a master, 0 on a slave", labels=["node"])
+        role.add_metric([node], 1 if status.get("role") == "master" else 0)
+        yield role
+        fenced = GaugeMetricFamily("hastore_replication_fenced", "1 while the node acks no write", labels=["node"])
+        fenced.add_metric([node], 1 if status.get("fenced") else 0)
+        yield fenced
+        if "confirm_offset" in status:
+            confirm = GaugeMetricFamily("hastore_replication_confirm_offset", "Least ack over the sync-state set",
+                                        labels=["node"])
+            confirm.add_metric([node], status["confirm_offset"])
+            yield confirm
+            members = GaugeMetricFamily("hastore_replication_sync_state_set_size",
+                                        "Members of the sync-state set, the master included", labels=["node"])
+            members.add_metric([node], len(status["sync_state_set"]))
+            yield members
+            for key, name, help_text in self._SLAVE_GAUGES:
+                family = GaugeMetricFamily(name, help_text, labels=["node", "slave"])
+                for slave in status["slaves"]:
+                    family.add_metric([node, slave["node_id"]], float(slave[key]))
+                yield family
+        if "master_max_offset" in status:
+            for key, name, help_text in (("lag_bytes", "hastore_replication_lag_bytes", "Bytes this slave is behind"),
+                                         ("connected", "hastore_replication_connected", "1 while following")):
+                family = GaugeMetricFamily(name, help_text, labels=["node"])
+                family.add_metric([node], float(status[key]))
+                yield family
 
 
 async def serve_metrics(listeners: list, metrics: NodeMetrics, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -2,20 +2,24 @@
 
     SLAVE --change(MASTER, epoch)--> MASTER --change(SLAVE, epoch)--> SLAVE
 
-``RoleMachine.change`` is the one entry point that replication and the controller agent
-call to move a node between roles. Epochs never go backwards: a change naming an older
-epoch is refused, so a stale instruction cannot demote a newer master. Only a master
-accepts writes; ``check_writable`` raises NotMasterError carrying the master's client
-address when it is known, which clients use to find the master.
+``RoleMachine`` holds the state; ``Node.change_role`` (node/ha_roles.py) is the one entry
+point that moves a node between roles, doing the replication side of the change and then
+calling ``RoleMachine.change``. Epochs never go backwards: a change naming an older epoch
+is refused, so a stale instruction cannot demote a newer master. A fence (the controller
+agent lost its ZooKeeper session) refuses writes at once, in any role; a role change or
+``unfence`` lifts it. Only a master accepts writes; ``check_writable`` raises
+NotMasterError carrying the master's client address when it is known, which clients use
+to find the master.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from dataclasses import dataclass
 
-from .errors import NodeError, NotMasterError
+from .errors import NodeError, NotMasterError, RequestError
 
 
 class Role(enum.Enum):
@@ -36,6 +40,7 @@ class RoleState:
     master_client_address: str | None
     since_ms: int
     changes: int
+    fenced: str | None = None      # why the node acknowledges no write right now
 
 
 class RoleMachine:
@@ -68,9 +73,27 @@ class RoleMachine:
             listener(old, self._state)
         return self._state
 
+    def fence(self, reason: str) -> None:
+        """Refuse every write from now on, whatever the role, until ``unfence`` or a role change."""
+        old = self._state
+        self._state = dataclasses.replace(old, fenced=reason)
+        for listener in list(self._listeners):
+            listener(old, self._state)
+
+    def unfence(self) -> None:
+        old = self._state
+        if old.fenced is not None:
+            self._state = dataclasses.replace(old, fenced=None)
+            for listener in list(self._listeners):
+                listener(old, self._state)
+
     def check_writable(self) -> None:
-        """Raise NotMasterError unless this node is the master."""
+        """Raise NotMasterError unless this node is the master; RequestError
+        SERVICE_NOT_AVAILABLE while it is fenced (it fails closed)."""
         state = self._state
+        if state.fenced is not None:
+            raise RequestError("SERVICE_NOT_AVAILABLE", f"this node is fenced ({state.fenced}): it accepts no "
+                                                        "write until its role is confirmed")
         if state.role is not Role.MASTER:
             raise NotMasterError(f"this node is a {state.role.value} in epoch {state.epoch}; send writes to "
                                  f"the master{' at ' + state.master_client_address if state.master_client_address else ''}",

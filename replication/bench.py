@@ -1,0 +1,214 @@
+"""``hastore bench replicate``: replication throughput and latency between node processes.
+
+    catch-up     an empty slave follows a master whose log holds ``--catchup-gib`` GiB
+                 (written straight into the master's store first); MB/s of CommitLog bytes
+                 from the slave's start to its log matching the master's (target >= 500)
+    produce      1 KiB messages, batches of 64, 8 in flight, for ``--seconds``: async vs sync
+                 replication to one slave (min_in_sync_replicas 2) and to two (every member
+                 of the sync-state set); target: sync >= 70% of async
+    single       one sync-replicated send at a time (one slave): p50 and p99 in µs
+
+Every node is its own ``hastore node start`` process on loopback, always stopped at the end;
+every phase is bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import click
+import trio
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+BODY = b"r" * 1024
+PHASE_DEADLINE_S = 600
+TARGETS = {"catchup_mb_per_s_min": 500, "sync_to_async_ratio_min": 0.7}
+NODE_SETTINGS = {"flush": "async", "ha_heartbeat_interval_ms": 200,
+                 "store": {"commitlog_segment_bytes": GIB, "index_hash_slots": 1_000_000,
+                           "index_max_entries": 4_000_000}}
+
+
+def _fill_store(path: str, total_bytes: int) -> int:
+    """Write ``total_bytes`` of 64 KiB messages into a fresh store at ``path``; its max offset."""
+    from store import Message, MessageStore, StoreConfig
+    store = MessageStore(StoreConfig(store_path=path, commitlog_segment_bytes=GIB, index_hash_slots=1_000_000,
+                                     index_max_entries=4_000_000, store_host="127.0.0.1:1"))
+    store.start()
+    try:
+        body = os.urandom(64 * 1024)
+        batch = [Message("fill", body, queue_id=i % 8) for i in range(32)]
+        for _ in range(total_bytes // (len(body) * len(batch)) + 2):
+            if store.max_physical_offset >= total_bytes:
+                break
+            results = store.put_batch(batch)
+            if not all(r.status.ok for r in results):
+                raise click.ClickException(f"filling the master's store failed: {results[0]}")
+        store.wait_dispatched(timeout_s=PHASE_DEADLINE_S)
+        return store.max_physical_offset
+    finally:
+        store.shutdown()
+
+
+def _start_group(directory: str, slaves: int, **settings):
+    from node.process import NodeProcess, free_port
+    master_ha = free_port()
+    nodes = [NodeProcess.start(os.path.join(directory, "m"),
+                               {**NODE_SETTINGS, "node_id": "m", "ha_address": f"127.0.0.1:{master_ha}", **settings})]
+    try:
+        for index in range(slaves):
+            nodes.append(NodeProcess.start(os.path.join(directory, f"s{index}"), {
+                **NODE_SETTINGS, "node_id": f"s{index}", "role": "slave", "ha_address": f"127.0.0.1:{free_port()}",
+                "master_ha_address": f"127.0.0.1:{master_ha}", "master_client_address": nodes[0].client_address,
+                **settings}))
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
+async def _status(address: str) -> dict:
+    from node.client import open_admin
+    async with open_admin(address) as admin:
+        return await admin.status()
+
+
+async def _wait_in_sync(master_address: str, members: int) -> None:
+    with trio.fail_after(PHASE_DEADLINE_S):
+        while len((await _status(master_address))["replication"]["sync_state_set"]) < members:
+            await trio.sleep(0.05)
+
+
+async def _catch_up(directory: str, total_bytes: int) -> dict:
+    from node.process import NodeProcess, free_port
+    master_dir = os.path.join(directory, "m")
+    started = time.perf_counter()
+    filled = await trio.to_thread.run_sync(_fill_store, os.path.join(master_dir, "store"), total_bytes)
+    fill_s = time.perf_counter() - started
+    master_ha = free_port()
+    with NodeProcess.start(master_dir, {**NODE_SETTINGS, "node_id": "m", "ha_address": f"127.0.0.1:{master_ha}"}) \
+            as master:
+        master_max = (await _status(master.client_address))["store"]["max_physical_offset"]
+        started = time.perf_counter()
+        with NodeProcess.start(os.path.join(directory, "s"), {
+                **NODE_SETTINGS, "node_id": "s", "role": "slave", "ha_address": f"127.0.0.1:{free_port()}",
+                "master_ha_address": f"127.0.0.1:{master_ha}"}) as slave:
+            with trio.fail_after(PHASE_DEADLINE_S):
+                while (await _status(slave.client_address))["store"]["max_physical_offset"] < master_max:
+                    await trio.sleep(0.02)
+            elapsed = time.perf_counter() - started
+    return {"bytes": master_max, "filled_bytes": filled, "fill_seconds": round(fill_s, 2),
+            "seconds": round(elapsed, 3), "mb_per_s": round(master_max / MIB / elapsed, 1),
+            "note": "includes the slave process's start-up"}
+
+
+async def _produce(address: str, seconds: float) -> dict:
+    from node.client import OutgoingMessage, open_producer
+    sent = failed = 0
+    async with open_producer(address, batch_count_max=64, in_flight_max=8) as producer:
+        deadline = time.perf_counter() + seconds
+        started = time.perf_counter()
+
+        async def worker() -> None:
+            nonlocal sent, failed
+            while time.perf_counter() < deadline:
+                results = await producer.send_batch("bench", [OutgoingMessage(BODY) for _ in range(64)])
+                ok = sum(1 for r in results if r.ok)
+                sent += ok
+                failed += len(results) - ok
+
+        with trio.fail_after(seconds + PHASE_DEADLINE_S):
+            async with trio.open_nursery() as nursery:
+                for _ in range(8):
+                    nursery.start_soon(worker)
+        elapsed = time.perf_counter() - started
+    return {"msgs_per_s": round(sent / elapsed, 1), "ok": sent, "failed": failed}
+
+
+async def _single(address: str, samples: int) -> dict:
+    from node.client import OutgoingMessage, open_producer
+    times = []
+    async with open_producer(address, batch_count_max=1, linger_ms=0) as producer:
+        with trio.fail_after(PHASE_DEADLINE_S):
+            for _ in range(samples):
+                began = time.perf_counter()
+                (result,) = await producer.send_batch("single", [OutgoingMessage(BODY)])
+                if not result.ok:
+                    raise click.ClickException(f"a sync send failed: {result.status} {result.reason}")
+                times.append((time.perf_counter() - began) * 1e6)
+    ordered = sorted(times)
+    return {"samples": samples, "p50_us": round(statistics.median(ordered), 1),
+            "p99_us": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1)}
+
+
+async def _produce_phase(directory: str, name: str, slaves: int, seconds: float, **settings) -> dict:
+    nodes = _start_group(os.path.join(directory, name), slaves, **settings)
+    try:
+        await _wait_in_sync(nodes[0].client_address, slaves + 1)
+        return await _produce(nodes[0].client_address, seconds)
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@click.command("replicate")
+@click.option("--catchup-gib", default=2.0, show_default=True, type=click.FloatRange(0.01, 64),
+              help="Size of the master's log the empty slave catches up with.")
+@click.option("--seconds", default=5.0, show_default=True, type=click.FloatRange(0.5, 600),
+              help="Duration of each produce measurement.")
+@click.option("--samples", default=1000, show_default=True, type=click.IntRange(10, 1_000_000),
+              help="Single sync sends timed.")
+@click.option("--directory", default=None, type=click.Path(file_okay=False),
+              help="Where the stores go (default: a temporary directory, removed afterwards).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def bench_replicate_command(catchup_gib, seconds, samples, directory, as_json) -> None:
+    """Catch-up rate of an empty slave, produce throughput async vs sync, single sync send latency."""
+    async def main(root: str) -> dict:
+        report: dict = {"targets": TARGETS}
+        click.echo("catch-up ...", err=True)
+        report["catch_up"] = await _catch_up(os.path.join(root, "catchup"), int(catchup_gib * GIB))
+        sync_one = {"replication": "sync", "min_in_sync_replicas": 2}
+        sync_two = {"replication": "sync", "min_in_sync_replicas": 3, "all_ack_in_sync_state_set": True}
+        produce = {}
+        for name, slaves, settings in (("async_1_slave", 1, {}), ("sync_1_slave", 1, sync_one),
+                                       ("async_2_slaves", 2, {}), ("sync_2_slaves", 2, sync_two)):
+            click.echo(f"produce {name} ...", err=True)
+            produce[name] = await _produce_phase(root, name, slaves, seconds, **settings)
+        report["produce"] = produce
+        report["sync_to_async_ratio"] = {
+            "1_slave": round(produce["sync_1_slave"]["msgs_per_s"] / produce["async_1_slave"]["msgs_per_s"], 3),
+            "2_slaves": round(produce["sync_2_slaves"]["msgs_per_s"] / produce["async_2_slaves"]["msgs_per_s"], 3)}
+        click.echo("single sync sends ...", err=True)
+        nodes = _start_group(os.path.join(root, "single"), 1, **sync_one)
+        try:
+            await _wait_in_sync(nodes[0].client_address, 2)
+            report["single_sync_send"] = await _single(nodes[0].client_address, samples)
+        finally:
+            for node in nodes:
+                node.stop()
+        return report
+
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        report = trio.run(main, directory)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hastore-bench-replicate-") as root:
+            report = trio.run(main, root)
+    if as_json:
+        click.echo(json.dumps(report))
+        return
+    catch_up = report["catch_up"]
+    click.echo(f"catch-up: {catch_up['bytes'] / GIB:.2f} GiB in {catch_up['seconds']} s = {catch_up['mb_per_s']} MB/s "
+               f"(target >= {TARGETS['catchup_mb_per_s_min']})")
+    for name, figures in report["produce"].items():
+        click.echo(f"produce {name}: {figures['msgs_per_s']} msgs/s ({figures['failed']} failed)")
+    ratios = report["sync_to_async_ratio"]
+    click.echo(f"sync/async: one slave {ratios['1_slave']}, two slaves {ratios['2_slaves']} "
+               f"(target >= {TARGETS['sync_to_async_ratio_min']})")
+    single = report["single_sync_send"]
+    click.echo(f"single sync send: p50 {single['p50_us']} µs, p99 {single['p99_us']} µs ({single['samples']} samples)")

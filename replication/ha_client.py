@@ -1,0 +1,265 @@
+"""HAClient: the slave's side of replication.
+
+    client = HAClient(store, epoch_file, settings)
+    await nursery.start(serve_ha_client, client)    # runs until cancelled, reconnecting
+
+One session: connect to ``master_ha_address``, answer the HELLO with a HANDSHAKE (proof
+first), check the master's proof in its WELCOME, cut the log at the consistent point (or
+reset it) and the epoch file after it, ack the new end, then apply data frames: each must
+start exactly at the log's end, carry the CRC it claims and lie inside one of the master's
+epochs; the first frame of a new epoch records that epoch (durably) before its bytes are
+written. The store's own dispatcher builds ConsumeQueue and IndexFile from the bytes.
+
+Any failure ends the session (nothing partial is applied: a frame is checked whole before
+``append_replicated``) and the client reconnects after a bounded, jittered backoff that
+resets once a session streams. Cancelling the client waits for an append in progress,
+so once ``stop`` returns the log no longer moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+import trio
+
+from store import MessageStore
+from store.errors import StoreError
+
+from . import protocol
+from .epochs import EpochFile, ResyncKind, epoch_at, next_epoch_start, slave_epochs_after
+from .errors import HaAuthError, HandshakeRefused, HaProtocolError, ReplicationError, expected_failure
+from .protocol import Handshake, Hello, Welcome
+from .transport import StreamReader
+
+log = logging.getLogger(__name__)
+
+INLINE_APPEND_BYTES_MAX = 256 * 1024   # smaller frames are written inline, larger in a thread
+# what ends a session without being a bug: the client reconnects after a backoff
+SESSION_FAILURES = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                    ReplicationError, StoreError)
+
+
+@dataclass(frozen=True, slots=True)
+class HaClientSettings:
+    node_id: str
+    group: str
+    cluster: str
+    master_ha_address: str
+    secret: str | None = None
+    ack_interval_ms: int = 1_000
+    connect_timeout_ms: int = 5_000
+    handshake_timeout_ms: int = 5_000
+    resync_timeout_ms: int = 120_000
+    read_timeout_ms: int = 10_000          # no frame (not even a heartbeat) for this long: reconnect
+    backoff_min_ms: int = 100
+    backoff_max_ms: int = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class HaClientStatistics:
+    master_ha_address: str
+    master_node_id: str | None
+    master_epoch: int
+    connected: bool
+    max_offset: int
+    master_max_offset: int
+    lag_bytes: int
+    sessions: int
+    reconnects: int
+    truncated_bytes: int
+    resets: int
+    received_bytes: int
+    last_error: str | None
+
+
+class Backoff:
+    """Retry delays: doubling from ``min_ms`` to ``max_ms``, each jittered down by up to half."""
+
+    def __init__(self, min_ms: int, max_ms: int, rng: random.Random | None = None) -> None:
+        self.min_ms = min_ms
+        self.max_ms = max_ms
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def next_delay_s(self) -> float:
+        base = min(self.max_ms, self.min_ms * (2 ** min(self.attempt, 30)))
+        self.attempt += 1
+        return base * (0.5 + self._rng.random() / 2) / 1000
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class HAClient:
+    """Keeps this slave's log a copy of its master's."""
+
+    def __init__(self, store: MessageStore, epoch_file: EpochFile, settings: HaClientSettings, *,
+                 on_truncated: Callable[[int], None] | None = None) -> None:
+        self.store = store
+        self.epoch_file = epoch_file
+        self.settings = settings
+        self.on_truncated = on_truncated
+        self.backoff = Backoff(settings.backoff_min_ms, settings.backoff_max_ms)
+        self._connected = False
+        self._master_node_id: str | None = None
+        self._master_epoch = 0
+        self._master_max_offset = 0
+        self._sessions = 0
+        self._reconnects = 0
+        self._truncated_bytes = 0
+        self._resets = 0
+        self._received_bytes = 0
+        self._last_error: str | None = None
+        self._ack_wanted = trio.Event()
+
+    # --- the reconnect loop --------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started(self)
+        while True:
+            sessions_before = self._sessions
+            try:
+                await self._session()
+            except BaseException as raised:
+                error = expected_failure(raised, SESSION_FAILURES)
+                if error is None:
+                    raise
+                self._last_error = f"{type(error).__name__}: {error}"
+                level = logging.WARNING if isinstance(error, (HaAuthError, HandshakeRefused)) else logging.INFO
+                log.log(level, "replication from %s: %s", self.settings.master_ha_address, self._last_error)
+            finally:
+                self._connected = False
+            if self._sessions != sessions_before:
+                self.backoff.reset()  # it streamed: the next failure starts from the shortest delay
+            self._reconnects += 1
+            await trio.sleep(self.backoff.next_delay_s())
+
+    async def _session(self) -> None:
+        host, _, port = self.settings.master_ha_address.rpartition(":")
+        with trio.fail_after(self.settings.connect_timeout_ms / 1000):
+            stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await self.follow(stream)
+
+    async def follow(self, stream: trio.abc.Stream) -> None:
+        """One session over ``stream`` (any trio stream): handshake, resync, then stream until
+        the connection fails. Raises on the failure that ended it."""
+        reader = StreamReader(stream)
+        with trio.fail_after(self.settings.handshake_timeout_ms / 1000):
+            welcome = await self._handshake(stream, reader)
+        with trio.fail_after(self.settings.resync_timeout_ms / 1000):
+            await self._resync(welcome)
+        self._sessions += 1
+        self._connected = True
+        self._master_node_id = welcome.node_id
+        self._master_epoch = welcome.epoch
+        self._master_max_offset = welcome.max_offset
+        await stream.send_all(protocol.ack(self.store.max_physical_offset))
+        log.info("following master %s (epoch %d) from %d", welcome.node_id, welcome.epoch,
+                 self.store.max_physical_offset)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send_acks, stream)
+            await self._apply_frames(reader, welcome)
+
+    async def _handshake(self, stream, reader: StreamReader) -> Welcome:
+        hello = Hello.decode(await reader.control())
+        if hello.cluster != self.settings.cluster:
+            raise HandshakeRefused(f"the master is in cluster {hello.cluster!r}, this slave in "
+                                   f"{self.settings.cluster!r}")
+        nonce = os.urandom(protocol.NONCE_BYTES)
+        store = self.store
+        epochs = self.epoch_file.entries
+        await stream.send_all(Handshake(protocol.slave_proof(self.settings.secret, hello.nonce, nonce), nonce,
+                                        self.settings.node_id, self.settings.group, self.settings.cluster, epochs,
+                                        store.min_physical_offset, store.max_physical_offset).encode())
+        return Welcome.decode(await reader.control(), self.settings.secret, hello.nonce, nonce)
+
+    async def _resync(self, welcome: Welcome) -> None:
+        """Cut (or reset) the log where the master said, then the epoch file after it.
+
+        The log goes first: a crash between the two leaves epochs past the log's end, which
+        ``EpochFile.load`` drops; the other order could leave a divergent tail dated as the
+        common epoch.
+        """
+        store = self.store
+        resync = welcome.resync
+        end = store.max_physical_offset
+        if resync.kind is ResyncKind.TRUNCATE:
+            if resync.offset > end or resync.offset < store.min_physical_offset:
+                raise HaProtocolError(f"the master asks for a cut at {resync.offset}, outside this log "
+                                      f"[{store.min_physical_offset}, {end}]")
+            if resync.offset < end:
+                log.warning("cutting %d bytes of divergent log at %d (%s)", end - resync.offset, resync.offset,
+                            resync.reason)
+                await trio.to_thread.run_sync(store.truncate_to, resync.offset)
+                self._truncated_bytes += end - resync.offset
+        else:
+            log.warning("resetting the log to start empty at %d (%s)", resync.offset, resync.reason)
+            await trio.to_thread.run_sync(store.reset, resync.offset)
+            self._resets += 1
+        kept = slave_epochs_after(self.epoch_file.entries, resync)
+        if kept != self.epoch_file.entries:
+            await trio.to_thread.run_sync(self.epoch_file.replace, kept)
+        if (resync.kind is ResyncKind.RESET or resync.offset < end) and self.on_truncated is not None:
+            self.on_truncated(store.max_physical_offset)
+
+    async def _apply_frames(self, reader: StreamReader, welcome: Welcome) -> None:
+        store = self.store
+        master_epochs = welcome.epochs
+        timeout_s = self.settings.read_timeout_ms / 1000
+        while True:
+            with trio.move_on_after(timeout_s) as waited:
+                header = protocol.parse_data_header(await reader.exactly(protocol.DATA_HEADER.size))
+                data = await reader.exactly(header.size) if header.size else None
+            if waited.cancelled_caught:
+                raise HaProtocolError(f"nothing from the master for {self.settings.read_timeout_ms} ms")
+            if data is None:
+                self._master_max_offset = max(self._master_max_offset, header.offset)
+                continue
+            protocol.check_data(header, data)
+            offset = header.offset
+            if offset != store.max_physical_offset:
+                raise HaProtocolError(f"frame at {offset}, but this log ends at {store.max_physical_offset}")
+            entry = epoch_at(master_epochs, offset)
+            boundary = next_epoch_start(master_epochs, offset)
+            if entry is None or (boundary is not None and offset + header.size > boundary):
+                raise HaProtocolError(f"frame [{offset}, {offset + header.size}) is not inside one master epoch")
+            if entry.epoch != self.epoch_file.last_epoch:
+                # the term is recorded before its first byte lands, so no byte is ever dated
+                # with an older term than the one that wrote it
+                await trio.to_thread.run_sync(self.epoch_file.append, entry.epoch, entry.start_offset)
+            if header.size > INLINE_APPEND_BYTES_MAX:
+                await trio.to_thread.run_sync(store.append_replicated, offset, data)
+            else:
+                store.append_replicated(offset, data)
+            self._received_bytes += header.size
+            self._master_max_offset = max(self._master_max_offset, offset + header.size)
+            self._ack_wanted.set()
+
+    async def _send_acks(self, stream) -> None:
+        """Ack the log's end after frames (coalesced) and at least every ``ack_interval_ms``."""
+        interval_s = self.settings.ack_interval_ms / 1000
+        while True:
+            wanted = self._ack_wanted
+            with trio.move_on_after(interval_s):
+                await wanted.wait()
+            if wanted.is_set():
+                self._ack_wanted = trio.Event()
+            await stream.send_all(protocol.ack(self.store.max_physical_offset))
+
+    def statistics(self) -> HaClientStatistics:
+        max_offset = self.store.max_physical_offset
+        return HaClientStatistics(
+            master_ha_address=self.settings.master_ha_address, master_node_id=self._master_node_id,
+            master_epoch=self._master_epoch, connected=self._connected, max_offset=max_offset,
+            master_max_offset=self._master_max_offset, lag_bytes=max(0, self._master_max_offset - max_offset),
+            sessions=self._sessions, reconnects=self._reconnects, truncated_bytes=self._truncated_bytes,
+            resets=self._resets, received_bytes=self._received_bytes, last_error=self._last_error)
+
+
+async def serve_ha_client(client: HAClient, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Follow the master until cancelled; ``task_status.started(client)`` at once."""
+    await client.run(task_status=task_status)

@@ -1,0 +1,184 @@
+"""HAService and HAClient over real loopback sockets, on real stores in one trio run."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from replication import ResyncKind
+from replication import protocol
+from replication.transport import StreamReader
+
+pytestmark = pytest.mark.trio
+
+from replication_helpers import (begin_term, epoch_file, log_bytes, put, same_answers, start_master, start_slave,
+                      wait_until)
+
+
+async def test_empty_slave_catches_up_and_answers_queries_like_the_master(open_store):
+    master, slave = open_store("master"), open_store("slave")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    put(master, 1500, body_bytes=900)  # several 256 KiB segments, closing blank records included
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, master, master_epochs, chunk_bytes_max=100_000)
+        running = await start_slave(nursery, slave, address)
+        await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset, what="catch-up")
+        put(master, 300, prefix="live")  # streamed as it is written
+        service.notify_appended()
+        await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset, what="live data")
+        await wait_until(lambda: service.statistics().slaves[0].ack_offset == master.max_physical_offset,
+                         what="ack")
+        stats = service.statistics()
+        assert stats.sync_state_set == ("m", "s1") and stats.slaves[0].lag_bytes == 0
+        assert stats.confirm_offset == master.max_physical_offset
+        assert running.client.statistics().connected and running.client.statistics().truncated_bytes == 0
+        await running.stop()
+        nursery.cancel_scope.cancel()
+    assert master.commit_log.segments.files[0].start_offset == 0 and len(master.commit_log.segments.files) >= 4
+    assert log_bytes(slave) == log_bytes(master)
+    assert epoch_file(slave).entries == master_epochs.entries
+    same_answers(master, slave, "orders", ["m-0", "m-777", "m-1499", "live-5"])
+
+
+async def test_restarted_slave_resumes_from_its_own_max_offset(open_store, tmp_path):
+    master, slave = open_store("master"), open_store("slave")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    put(master, 400)
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, master, master_epochs)
+        running = await start_slave(nursery, slave, address)
+        await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset)
+        await running.stop()
+        first_end = slave.max_physical_offset
+        slave.shutdown()  # a restart of the slave's store
+        slave.start()
+        assert slave.max_physical_offset == first_end
+        put(master, 400, prefix="second")
+        running = await start_slave(nursery, slave, address)
+        await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset)
+        stats = running.client.statistics()
+        # only the bytes past the restart point travelled, and nothing was cut
+        assert stats.received_bytes == master.max_physical_offset - first_end
+        assert stats.truncated_bytes == 0 and stats.resets == 0
+        await running.stop()
+        nursery.cancel_scope.cancel()
+    assert log_bytes(slave) == log_bytes(master)
+    same_answers(master, slave, "orders", ["m-1", "second-399"])
+
+
+async def test_wrong_secret_gets_no_data(open_store):
+    master, slave = open_store("master"), open_store("slave")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    put(master, 200)
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, master, master_epochs, secret="right")
+        running = await start_slave(nursery, slave, address, secret="wrong")
+        await wait_until(lambda: service.statistics().auth_failures >= 2, what="refused handshakes")
+        assert slave.max_physical_offset == 0 and running.client.statistics().sessions == 0
+        assert "HMAC" in running.client.statistics().last_error or "refused" in running.client.statistics().last_error
+        await running.stop()
+        # a raw peer: everything it receives is the HELLO and a refusal, not one byte of the log
+        host, port = address.rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        reader = StreamReader(stream)
+        hello = protocol.Hello.decode(await reader.control())
+        nonce = b"n" * protocol.NONCE_BYTES
+        await stream.send_all(protocol.Handshake(b"x" * 32, nonce, "intruder", "g", "c", [], 0, 0).encode())
+        refusal = await reader.control()
+        assert refusal == {"type": "refusal", "error": "authentication failed"}
+        received = b""
+        with trio.move_on_after(2):
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
+                received += data
+        assert received == b"" and hello.nonce
+        await stream.aclose()
+        assert service.statistics().slaves == ()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_slave_that_forged_the_master_is_caught(open_store):
+    """The slave checks the master's proof too: a master without the secret streams nothing."""
+    master, slave = open_store("master"), open_store("slave")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    put(master, 50)
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, master, master_epochs, secret=None)
+        running = await start_slave(nursery, slave, address, secret="s3cret")
+        await wait_until(lambda: running.client.statistics().reconnects >= 2, what="retries")
+        assert slave.max_physical_offset == 0
+        await running.stop()
+        nursery.cancel_scope.cancel()
+
+
+async def test_divergent_tail_of_an_old_master_is_cut_at_the_consistent_point(open_store):
+    """A (epoch 1) writes; B replicates part of it; A writes more that never leaves it; B
+    becomes master in epoch 2 and writes; A comes back as B's slave: A's tail is cut where
+    B's epoch 2 begins, then A streams epoch 2 and both logs are identical."""
+    a, b = open_store("a"), open_store("b")
+    a_epochs, b_epochs = epoch_file(a), epoch_file(b)
+    begin_term(a, a_epochs)
+    put(a, 300, prefix="e1")
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, a, a_epochs, node_id="a")
+        running = await start_slave(nursery, b, address, node_id="b")
+        await wait_until(lambda: b.max_physical_offset == a.max_physical_offset)
+        await running.stop()
+        nursery.cancel_scope.cancel()
+    replicated_end = b.max_physical_offset
+    put(a, 250, prefix="lost")                   # A's unreplicated tail
+    b_epochs = epoch_file(b)
+    assert b_epochs.last_epoch == 1
+    begin_term(b, b_epochs, 2)                   # B promoted at its own end
+    put(b, 100, prefix="e2")
+    assert a.max_physical_offset > replicated_end
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, b, b_epochs, node_id="b")
+        running = await start_slave(nursery, a, address, node_id="a")
+        await wait_until(lambda: a.max_physical_offset == b.max_physical_offset and
+                         running.client.statistics().connected)
+        stats = running.client.statistics()
+        assert stats.truncated_bytes > 0
+        await running.stop()
+        nursery.cancel_scope.cancel()
+    assert log_bytes(a) == log_bytes(b)
+    assert epoch_file(a).entries == b_epochs.entries
+    assert a.query_by_key("orders", "lost-10", 0, 2**62, 8) == []
+    same_answers(b, a, "orders", ["e1-0", "e1-299", "e2-99"])
+
+
+async def test_wait_for_replicas_acks_with_a_slave_and_times_out_without_one(open_store):
+    from replication import FlushSlaveTimeout, InSyncReplicasNotEnough, SyncSettings
+    master, slave = open_store("master"), open_store("slave")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, master, master_epochs, slave_timeout_ms=300,
+                                              sync=SyncSettings(min_in_sync_replicas=2,
+                                                                max_time_not_catchup_ms=1_000))
+        try:
+            service.check_replicas_for_put()
+            raise AssertionError("a put without a second in-sync replica must be refused")
+        except InSyncReplicasNotEnough:
+            pass
+        running = await start_slave(nursery, slave, address, ack_interval_ms=100)
+        await wait_until(lambda: "s1" in service.statistics().sync_state_set, what="the slave joins the SSS")
+        (result,) = put(master, 1)
+        await service.wait_for_replicas(result.end_offset)
+        assert slave.max_physical_offset >= result.end_offset
+        await running.stop()   # the slave is gone, but still in the SSS for a while
+        (result,) = put(master, 1)
+        failed = None
+        try:
+            await service.wait_for_replicas(result.end_offset)
+        except (FlushSlaveTimeout, InSyncReplicasNotEnough) as error:
+            failed = error
+        assert isinstance(failed, (FlushSlaveTimeout, InSyncReplicasNotEnough)), "never a silent success"
+        await wait_until(lambda: service.statistics().sync_state_set == ("m",), what="the slave leaves the SSS")
+        nursery.cancel_scope.cancel()
