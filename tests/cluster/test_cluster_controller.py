@@ -1,0 +1,80 @@
+"""`hastore cluster` in controller mode (the default): with no config at all, `up` starts a
+ZooKeeper, two controllers and three nodes, a master is elected, `status` shows it, and
+`down` stops nodes, then controllers, then ZooKeeper."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from node.cluster import LocalCluster
+
+from cluster_helpers import hastore, node_status, process_alive
+
+
+def test_up_with_no_config_runs_zookeeper_two_controllers_and_three_nodes(cluster_dir):
+    up = hastore("cluster", "up", "--dir", cluster_dir, "--json", timeout_s=120)
+    assert up.returncode == 0, up.stderr
+    started = json.loads(up.stdout)
+    assert started["mode"] == "controller"
+    processes = started["processes"]
+    assert [(p["name"], p["kind"]) for p in processes] == [
+        ("zookeeper", "zookeeper"), ("controller-1", "controller"), ("controller-2", "controller"),
+        ("g1-n1", "node"), ("g1-n2", "node"), ("g1-n3", "node")]
+    assert all(process_alive(p["pid"]) for p in processes)
+    zk_hosts = started["zk_hosts"]
+    assert zk_hosts == processes[0]["client_address"] and zk_hosts.startswith("127.0.0.1:")
+    assert os.path.exists(os.path.join(cluster_dir, "zookeeper", "data"))
+    with open(os.path.join(cluster_dir, "g1-n2", "node.yaml"), encoding="utf-8") as handle:
+        node_yaml = handle.read()
+    assert f"zk_hosts: {zk_hosts}" in node_yaml and "priority: 1" in node_yaml
+    assert "zk_session_timeout_ms: 2000" in node_yaml and "master_ha_address" not in node_yaml
+
+    # One master, elected by the controller and agreed on by ZooKeeper and the nodes.
+    cluster = LocalCluster(cluster_dir)
+    master = cluster.current_master("g1")
+    assert started["masters"] == {"g1": master.node_id} and master.epoch >= 1
+    roles = {p["name"]: node_status(p["client_address"])["role"] for p in processes if p["kind"] == "node"}
+    assert roles[master.node_id] == "master"
+    assert sorted(roles.values()) == ["master", "slave", "slave"]
+
+    status = hastore("cluster", "status", "--dir", cluster_dir, "--json")
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    group = report["controller"]["groups"]["g1"]
+    assert group["has_master"] and group["master"]["node_id"] == master.node_id
+    assert master.node_id in group["sync_state_set"]
+    assert [n["state"] for n in report["groups"]["g1"]] == ["up", "up", "up"]
+    assert [n["state"] for n in report["groups"]["controller"]] == ["up", "up"]
+    assert report["groups"]["zookeeper"][0]["status"]["mode"] == "standalone"
+    table = hastore("cluster", "status", "--dir", cluster_dir)
+    assert table.returncode == 0, table.stderr
+    assert f"master {master.node_id} (epoch {master.epoch}" in table.stdout
+    assert "sync-state set: [" in table.stdout and "control plane" in table.stdout
+    assert any(line.split()[:8] == ["node", "state", "role", "epoch", "client", "address", "max", "offset"]
+               and line.split()[8] == "lag" for line in table.stdout.splitlines() if line.strip())
+
+    down = hastore("cluster", "down", "--dir", cluster_dir, "--json", timeout_s=120)
+    assert down.returncode == 0, down.stderr
+    reports = json.loads(down.stdout)
+    # reverse start order: the nodes leave while ZooKeeper still runs, ZooKeeper goes last
+    assert [r["name"] for r in reports][-1] == "zookeeper"
+    assert {r["name"] for r in reports[:3]} == {"g1-n1", "g1-n2", "g1-n3"}
+    assert all(r["outcome"] == "clean" for r in reports), reports
+    assert not any(process_alive(p["pid"]) for p in processes)
+    assert LocalCluster(cluster_dir).running() == []
+
+
+def test_a_killed_master_is_replaced_and_comes_back_as_a_slave(cluster_dir):
+    cluster = LocalCluster(cluster_dir)
+    with cluster:
+        cluster.up()
+        old = cluster.current_master("g1")
+        cluster.kill(old.node_id)
+        new = cluster.wait_for_master("g1", timeout_s=15, not_node=old.node_id)
+        assert new.node_id != old.node_id and new.epoch > old.epoch
+        assert cluster.master("g1").name == new.node_id
+        cluster.start(old.node_id)
+        assert node_status(cluster.node(old.node_id).client_address)["role"] == "slave"
+        assert cluster.current_master("g1").node_id == new.node_id
+    assert cluster.running() == []
