@@ -11,6 +11,15 @@
     master_ha_address: null          # a slave's master (host:port)
     master_client_address: null      # told to clients in NOT_MASTER replies
     replication: async               # sync | async
+    min_in_sync_replicas: 1          # sync puts: acks needed in the sync-state set, master included
+    all_ack_in_sync_state_set: false # sync puts: wait for every member of the sync-state set
+    slave_timeout_ms: 3000           # sync puts fail FLUSH_SLAVE_TIMEOUT after this
+    ha_max_time_slave_not_catchup_ms: 15000   # a slave behind this long leaves the sync-state set
+    ha_heartbeat_interval_ms: 1000   ha_connection_timeout_ms: 10000   ha_chunk_bytes_max: 4194304
+    zk_hosts: null                   # controller mode: ZooKeeper hosts; the role then comes from
+                                     # the controller and role/master_ha_address are ignored
+    priority: 0                      # controller mode: lower wins an election tie
+    zk_session_timeout_ms: 6000      zk_refresh_interval_ms: 1000
     flush: async                     # sync | async
     secret: null                     # when set, clients and slaves pass an HMAC challenge
     store: {commitlog_segment_bytes: ..., ...}   # any StoreConfig field but store_path, flush, store_host
@@ -63,6 +72,21 @@ class NodeConfig:
     default_queue_count: int = 4
     # How often the checkpointed config files are rewritten from memory.
     config_persist_interval_ms: int = 5_000
+    # Replication (see replication/). A sync put waits for min_in_sync_replicas members of
+    # the sync-state set (the master counts) or, with all_ack_in_sync_state_set, for all of them.
+    min_in_sync_replicas: int = 1
+    all_ack_in_sync_state_set: bool = False
+    slave_timeout_ms: int = 3_000              # a sync put fails FLUSH_SLAVE_TIMEOUT after this
+    ha_max_time_slave_not_catchup_ms: int = 15_000   # behind this long: out of the sync-state set
+    ha_heartbeat_interval_ms: int = 1_000      # master heartbeats and slave acks when idle
+    ha_connection_timeout_ms: int = 10_000     # silence on an HA connection for this long: drop it
+    ha_chunk_bytes_max: int = 4 * 1024 * 1024  # bytes per streamed frame
+    ha_reconnect_backoff_max_ms: int = 5_000
+    # Controller mode (see node/controller_mode.py): set zk_hosts to take the role from ZooKeeper.
+    zk_hosts: str | None = None
+    priority: int = 0
+    zk_session_timeout_ms: int = 6_000
+    zk_refresh_interval_ms: int = 1_000
     store: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,7 +104,9 @@ class NodeConfig:
                 problems.append(f"{name}: {address_problem(value)}")
         if self.role not in ("master", "slave"):
             problems.append(f"role: must be 'master' or 'slave', not {self.role!r}")
-        if self.role == "slave" and not self.master_ha_address:
+        if self.zk_hosts is not None and not self.zk_hosts.strip():
+            problems.append("zk_hosts: must be 'host:port[,host:port...]' when set")
+        if self.role == "slave" and not self.master_ha_address and self.zk_hosts is None:
             problems.append("master_ha_address: required when role is 'slave'")
         if self.replication not in ("sync", "async"):
             problems.append(f"replication: must be 'sync' or 'async', not {self.replication!r}")
@@ -90,10 +116,18 @@ class NodeConfig:
             problems.append("secret: must be non-empty when set")
         bounds = {"connections_max": (1, 100_000), "in_flight_requests_max": (1, 65_536),
                   "long_polling_timeout_ms_max": (0, 3_600_000), "auth_timeout_ms": (1, 600_000),
-                  "default_queue_count": (1, 1024), "config_persist_interval_ms": (10, 3_600_000)}
+                  "default_queue_count": (1, 1024), "config_persist_interval_ms": (10, 3_600_000),
+                  "min_in_sync_replicas": (1, 16), "slave_timeout_ms": (1, 600_000),
+                  "ha_max_time_slave_not_catchup_ms": (10, 3_600_000), "ha_heartbeat_interval_ms": (10, 60_000),
+                  "ha_connection_timeout_ms": (100, 600_000), "ha_chunk_bytes_max": (64 * 1024, 8 * 1024 * 1024),
+                  "ha_reconnect_backoff_max_ms": (10, 600_000), "priority": (0, 1_000_000),
+                  "zk_session_timeout_ms": (500, 600_000), "zk_refresh_interval_ms": (50, 60_000)}
         for name, (low, high) in bounds.items():
             if not low <= getattr(self, name) <= high:
                 problems.append(f"{name}: must be between {low} and {high}, not {getattr(self, name)}")
+        if self.ha_connection_timeout_ms < 2 * self.ha_heartbeat_interval_ms:
+            problems.append("ha_connection_timeout_ms: must be at least twice ha_heartbeat_interval_ms, or an idle "
+                            "but healthy HA connection would be dropped")
         for name in self.store:
             if name in _STORE_FIELDS_OWNED_BY_NODE:
                 problems.append(f"store.{name}: set the node's own key instead")

@@ -60,3 +60,11 @@ class UnknownOutcomeError(NodeError):
     def __init__(self, message: str, uniq_keys: list[str]) -> None:
         super().__init__(message)
         self.uniq_keys = uniq_keys
+
+
+class NodeProcessError(NodeError):
+    """A node process (``hastore node start``) did not start, or did not stop cleanly."""
+
+
+class ClientClosedError(NodeError):
+    """A call on a blocking client (node/sync_client.py) that is closed or whose thread ended."""

@@ -19,7 +19,8 @@ from typing import Awaitable, Callable
 
 import trio
 
-from store import GetStatus, Message, MessageStore, PutStatus
+from replication.errors import ReplicaWaitError
+from store import GetStatus, Message, MessageStore, PutResult, PutStatus
 from store.codec import StoredMessage
 from store.errors import MessageNotFound, StoreClosedError, StoreCorruptError, StoreError
 
@@ -91,6 +92,8 @@ class RequestHandlers:
         self._requests = 0
         self._errors = 0
         self._sync_flush = config.flush == "sync"
+        # the node's replication runtime (node/ha_roles.py); None: no replication (bare handlers)
+        self.replicas = None
         self._table = {
             RequestCode.SEND: self.send,
             RequestCode.PULL: self.pull,
@@ -173,35 +176,73 @@ class RequestHandlers:
             raise protocol.bad_request("field messages must hold at least one message")
         queue_count = self._writable_queue_count(topic)
         messages = [self._message(topic, raw, index, queue_count) for index, raw in enumerate(raw_messages)]
+        replicas = self.replicas
+        if replicas is not None:
+            try:
+                replicas.check_for_put()  # sync replication: refused before a byte is written
+            except ReplicaWaitError as error:
+                return self._send_reply(messages, [PutResult(PutStatus(error.status), reason=str(error))
+                                                   for _ in messages], started, None)
         results = self.store.append(messages)
-        if self._sync_flush:
-            end = max((r.end_offset for r in results if r.status is PutStatus.PUT_OK), default=0)
+        if replicas is None:
+            if self._sync_flush:
+                return self._wait_then_reply(messages, results, started, None, 0)
+            return self._send_reply(messages, results, started, None)
+        replicas.notify_appended()
+        if self._sync_flush or replicas.sync_replication:
+            return self._wait_then_reply(messages, results, started, replicas, self.role.state.epoch)
+        return self._send_reply(messages, results, started, None)
 
-            async def wait_for_disk() -> dict:
-                flushed = end == 0 or await trio.to_thread.run_sync(self.store.wait_flushed, end)
-                return self._send_reply(messages, results, started, flushed)
-            return wait_for_disk
-        return self._send_reply(messages, results, started, True)
+    def _wait_then_reply(self, messages, results, started: float, replicas, epoch: int) -> Deferred:
+        """The reply once the disk (sync flush) and the replicas (sync replication) hold the
+        batch, at once and together; the first failure that applies becomes every written
+        message's status. A node that lost its role or was fenced meanwhile acks nothing."""
+        end = max((r.end_offset for r in results if r.status is PutStatus.PUT_OK), default=0)
 
-    def _send_reply(self, messages, results, started: float, flushed: bool) -> dict:
+        async def wait() -> dict:
+            failures: dict[str, tuple[PutStatus, str]] = {}
+            if end:
+                async def disk() -> None:
+                    if self._sync_flush and not await trio.to_thread.run_sync(self.store.wait_flushed, end):
+                        failures["disk"] = (PutStatus.FLUSH_DISK_TIMEOUT, "not on disk within sync_flush_timeout_ms")
+
+                async def replication() -> None:
+                    status = await replicas.wait_for_replicas(end) if replicas is not None else None
+                    if status is not None:
+                        failures["replicas"] = (PutStatus(status), _REPLICA_FAILURE_REASONS[status])
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(disk)
+                    nursery.start_soon(replication)
+            if replicas is not None and end and not replicas.may_ack(epoch):
+                failures["role"] = (PutStatus.SERVICE_NOT_AVAILABLE, "the node stopped being master in this epoch "
+                                    "(or was fenced) before the put was acknowledged; it may or may not survive")
+            failure = failures.get("role") or failures.get("replicas") or failures.get("disk")
+            return self._send_reply(messages, results, started, failure)
+        return wait
+
+    def _send_reply(self, messages, results, started: float, failure: tuple[PutStatus, str] | None) -> dict:
+        """Per-message results; ``failure`` replaces PUT_OK for every written message."""
         replies = []
-        ok_count = ok_bytes = 0
+        ok_count = ok_bytes = failed = 0
         for message, result in zip(messages, results):
             status = result.status
+            if status is PutStatus.PUT_OK and failure is not None:
+                status = failure[0]
             if status is PutStatus.PUT_OK:
-                if not flushed:
-                    status = PutStatus.FLUSH_DISK_TIMEOUT
                 ok_count += 1
                 ok_bytes += result.wrote_bytes
+            else:
+                failed += 1
             item = {"status": status.value, "queue_id": message.queue_id, "queue_offset": result.queue_offset,
                     "physical_offset": result.physical_offset, "message_id": result.message_id}
             if result.reason or status is not result.status:
-                item["reason"] = result.reason or "not on disk within sync_flush_timeout_ms"
+                item["reason"] = result.reason or failure[1]
             replies.append(item)
         self.metrics.put_messages.inc(ok_count)
         self.metrics.put_bytes.inc(ok_bytes)
-        if ok_count < len(results) or not flushed:
-            self.metrics.put_failures.inc(len(results) - (ok_count if flushed else 0))
+        if failed:
+            self.metrics.put_failures.inc(failed)
         self.metrics.put_latency.observe(time.perf_counter() - started)
         return {"results": replies}
 
@@ -217,6 +258,13 @@ class RequestHandlers:
     def _message(self, topic: str, raw: object, index: int, queue_count: int) -> Message:
         if not isinstance(raw, dict):
             raise protocol.bad_request(f"messages[{index}] must be a map")
+        body = raw.get("body")
+        if type(body) is bytes and len(body) <= protocol.BODY_BYTES_MAX and raw.keys() <= _BODY_AND_PROPERTIES \
+                and _plain_properties(raw.get("properties")):
+            # fast path (what a producer sends most): body and properties only, nothing else to check
+            queue_id = self._round_robin.get(topic, 0) % queue_count
+            self._round_robin[topic] = queue_id + 1
+            return Message(topic, body, queue_id=queue_id, properties=raw.get("properties") or {})
         m = Fields(raw, prefix=f"messages[{index}].")
         if raw.get("queue_id") is None:
             queue_id = self._round_robin.get(topic, 0) % queue_count
@@ -367,6 +415,29 @@ class RequestHandlers:
                 "store": store, "recovery": repr(recovery) if recovery else None,
                 "topics": len(self.sys_config.topics), "sys_config_replayed": self.sys_config.replayed_records,
                 "long_polls_waiting": self.waiters.waiting, **self.status_extra()}
+
+
+_BODY_AND_PROPERTIES = frozenset(("body", "properties"))
+_REPLICA_FAILURE_REASONS = {
+    "FLUSH_SLAVE_TIMEOUT": "written on the master, not acknowledged by enough in-sync replicas within "
+                           "slave_timeout_ms; it may or may not survive a failover",
+    "IN_SYNC_REPLICAS_NOT_ENOUGH": "written on the master, but the sync-state set shrank below "
+                                   "min_in_sync_replicas; it may or may not survive a failover",
+    "SERVICE_NOT_AVAILABLE": "written on the master, which was fenced or stepped down before enough replicas "
+                             "acknowledged it; it may or may not survive",
+}
+
+
+def _plain_properties(properties: object) -> bool:
+    """None, or a map of at most 256 strings to strings (what Fields.str_map accepts)."""
+    if properties is None:
+        return True
+    if type(properties) is not dict or len(properties) > 256:
+        return False
+    for key, value in properties.items():
+        if type(key) is not str or type(value) is not str:
+            return False
+    return True
 
 
 def _topic_change(topic: str, queue_count: int) -> dict:

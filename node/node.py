@@ -7,7 +7,9 @@
 
 Start order: bind the listeners (so port 0 resolves and the store host is the real client
 address), start the store (recovery) in a worker thread, replay %SYS%CONFIG records past
-the checkpointed config files, then serve. Cancellation persists the config files and
+the checkpointed config files, take the static role from the config (replication parts
+started, see ha_roles.py) or, with ``zk_hosts``, start the controller agent and wait fenced
+for its assignment (controller_mode.py), then serve. Cancellation persists the config files and
 shuts the store down cleanly, shielded, so a SIGTERM never leaves an abort file behind.
 """
 
@@ -22,6 +24,8 @@ import trio
 from store import MessageStore
 
 from .config import NodeConfig, split_address
+from .controller_mode import agent_settings, serve_controller_agent
+from .ha_roles import HaRuntime
 from .handlers import RequestHandlers
 from .metrics import NodeMetrics, open_listeners, serve_metrics
 from .role import Role, RoleMachine
@@ -44,10 +48,33 @@ class Node:
     handlers: RequestHandlers
     server: ClientServer
     metrics: NodeMetrics
+    ha: HaRuntime
+    ha_address: str
+    agent: object | None = None        # controller mode: the controller.NodeAgent
 
-    def change_role(self, role: Role, epoch: int, master_client_address: str | None = None):
-        """The one entry point replication and the controller agent use to move this node between roles."""
-        return self.role.change(role, epoch, master_client_address)
+    async def change_role(self, role: Role, epoch: int, master_client_address: str | None = None, *,
+                          master_ha_address: str | None = None, sync_state_set: frozenset | None = None) -> None:
+        """The one entry point the controller agent (and tests) use to move this node between roles.
+
+        Becoming master: stop the HA client, record (epoch, max offset) in the epoch file,
+        wait for dispatch, start the HAService, accept writes (``sync_state_set``: the set a
+        controller hands over; the master alone by default). Becoming slave: stop accepting
+        writes, stop the HAService, follow ``master_ha_address`` (handshake, cut, stream);
+        ``master_client_address`` is what NOT_MASTER replies name. RoleChangeRefused for an
+        epoch older than the node's.
+        """
+        await self.ha.change_role(role, epoch, master_client_address=master_client_address,
+                                  master_ha_address=master_ha_address, sync_state_set=sync_state_set)
+
+    def fence(self, reason: str) -> None:
+        """Stop acknowledging writes at once, sync puts waiting for replicas included; sends
+        fail closed (SERVICE_NOT_AVAILABLE) until ``unfence`` or a role change. Call it on
+        the node's trio thread (from another: ``trio.from_thread.run_sync(node.fence, why)``)."""
+        self.ha.fence(reason)
+
+    def unfence(self) -> None:
+        """Acknowledge writes again in the current role and epoch."""
+        self.ha.unfence()
 
 
 def _bound_address(listeners: list) -> str:
@@ -59,8 +86,10 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
     """Run a node until cancelled; ``task_status.started(node)`` once it serves clients."""
     client_listeners = await open_listeners(config.client_address)
     metrics_listeners = await open_listeners(config.metrics_address)
+    ha_listeners = await open_listeners(config.ha_address)
     client_address = _bound_address(client_listeners)
     metrics_address = _bound_address(metrics_listeners)
+    ha_address = _bound_address(ha_listeners)
     store = MessageStore(config.store_config(store_host=client_address))
     await trio.to_thread.run_sync(store.start)
     token = trio.lowlevel.current_trio_token()
@@ -70,16 +99,22 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
         sys_config = SysConfig(store)
         replayed = await trio.to_thread.run_sync(sys_config.replay)
         log.info("node %s: replayed %d %%SYS%%CONFIG records", config.node_id, replayed)
-        role = RoleMachine(Role(config.role), 0,
-                           client_address if config.role == "master" else config.master_client_address)
+        # a slave until the static role (or a controller) says otherwise: no write before HA is up
+        role = RoleMachine(Role.SLAVE, 0, config.master_client_address)
+        ha = HaRuntime(config, store, role, sys_config, ha_listeners, ha_address, client_address)
         metrics = NodeMetrics(config.node_id)
         metrics.watch_store(store)
+        metrics.watch_replication(ha.status)
         server_box: list[ClientServer] = []
+        node_box: list[Node] = []
         handlers = RequestHandlers(config, store, role, sys_config, metrics,
                                    status_extra=lambda: {"connections": server_box[0].connections,
                                                          "client_address": client_address,
-                                                         "ha_address": config.ha_address,
-                                                         "metrics_address": metrics_address})
+                                                         "ha_address": ha_address,
+                                                         "metrics_address": metrics_address,
+                                                         "replication": ha.status(),
+                                                         "controller": _controller_status(node_box)})
+        handlers.replicas = ha
         server = ClientServer(config, handlers, metrics)
         server_box.append(server)
 
@@ -93,17 +128,53 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
 
         listener = on_dispatch
         store.add_dispatch_listener(on_dispatch)
-        node = Node(config, client_address, metrics_address, store, role, sys_config, handlers, server, metrics)
+        node = Node(config, client_address, metrics_address, store, role, sys_config, handlers, server, metrics, ha,
+                    ha_address)
+        node_box.append(node)
         async with trio.open_nursery() as nursery:
+            await nursery.start(ha.run)
+            if config.zk_hosts is None:
+                await _take_static_role(node)
+            else:
+                # controller mode: a fenced slave until the controller says otherwise
+                node.fence("waiting for the controller's assignment")
+                await nursery.start(serve_controller_agent, node, agent_settings(config))
             await nursery.start(serve_clients, server, client_listeners)
             await nursery.start(serve_metrics, metrics_listeners, metrics)
             nursery.start_soon(_persist_config_periodically, sys_config, config.config_persist_interval_ms)
             task_status.started(node)
     finally:
         with trio.CancelScope(shield=True):
+            for ha_listener in ha_listeners:
+                await ha_listener.aclose()
             if listener is not None:
                 store.dispatcher.remove_listener(listener)
             await trio.to_thread.run_sync(_shutdown, store, sys_config)
+
+
+def _controller_status(node_box: list) -> dict | None:
+    """The ``controller`` section of a status reply (None without a controller)."""
+    if not node_box or node_box[0].agent is None:
+        return None
+    node = node_box[0]
+    stats = node.agent.statistics()
+    return {"zk_hosts": node.config.zk_hosts, "zk_state": stats.zk_state, "session_id": stats.session_id,
+            "registered": stats.registered, "assignment": stats.assignment, "epoch": stats.epoch,
+            "master_node_id": stats.master_node_id, "may_ack": stats.write_permit_epoch is not None,
+            "fences": stats.fences, "waiting_reason": stats.waiting_reason}
+
+
+async def _take_static_role(node: Node) -> None:
+    """The role from the config, as classic RocketMQ: a master starts a new term (epoch file's
+    last epoch + 1, at its max offset), so bytes an old term left unreplicated can never pass
+    for the new term's; a slave keeps its epoch and follows ``master_ha_address``."""
+    config = node.config
+    last_epoch = node.ha.epochs.last_epoch
+    if config.role == "master":
+        await node.change_role(Role.MASTER, last_epoch + 1)
+    else:
+        await node.change_role(Role.SLAVE, last_epoch, config.master_client_address,
+                               master_ha_address=config.master_ha_address)
 
 
 def _shutdown(store: MessageStore, sys_config: SysConfig | None) -> None:

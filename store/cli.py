@@ -135,3 +135,10 @@ def verify_command(path: str, index_hash_slots: int | None, as_json: bool) -> No
         click.echo(f"{path}: {verdict}; {summary['messages']} messages, {summary['consume_queue_entries']} consume "
                    f"queue entries, {summary['index_keys_checked']} index keys checked", err=bool(problems))
     sys.exit(1 if problems else 0)
+
+
+# The storage-engine demo (write, crash, recover, read back) lives on as `hastore store demo`;
+# `hastore demo` is the node demo.
+from .demo import demo_command  # noqa: E402
+
+store_group.add_command(demo_command, "demo")

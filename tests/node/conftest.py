@@ -23,6 +23,7 @@ SMALL_STORE = {"commitlog_segment_bytes": 1 << 24, "index_hash_slots": 1024, "in
 
 def small_config(path, **changes) -> NodeConfig:
     base = dict(store_path=str(path), client_address="127.0.0.1:0", metrics_address="127.0.0.1:0",
+                ha_address="127.0.0.1:0",
                 store=dict(SMALL_STORE))
     base.update(changes)
     return NodeConfig(**base)
@@ -83,3 +84,21 @@ def memory_node(config):
     parts = MemoryNode(config)
     yield parts
     parts.store.shutdown()
+
+
+@pytest.fixture
+def node_process(tmp_path):
+    """``node_process(name, **settings)`` starts a real ``hastore node start`` process on
+    loopback with a small store; every one started is stopped at teardown (SIGTERM, then
+    SIGKILL), and a failing test shows its log."""
+    from node.process import NodeProcess
+    started = []
+
+    def start(name: str = "n1", **settings):
+        config = {"node_id": name, "store": dict(SMALL_STORE), **settings}
+        process = NodeProcess.start(str(tmp_path / name), config)
+        started.append(process)
+        return process
+    yield start
+    for process in started:
+        process.stop(timeout_s=20)

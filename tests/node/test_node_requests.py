@@ -76,7 +76,7 @@ async def test_consumer_reads_everything_and_resumes_from_committed_offsets(node
 
 @pytest.mark.trio
 async def test_a_slave_refuses_writes_and_names_the_master(node):
-    node.change_role(Role.SLAVE, 1, "127.0.0.1:40911")
+    await node.change_role(Role.SLAVE, 1, "127.0.0.1:40911", master_ha_address="127.0.0.1:1")
     async with open_admin(node.client_address) as admin:
         with pytest.raises(NotMasterError) as caught:
             await admin.create_topic("t")
@@ -86,7 +86,7 @@ async def test_a_slave_refuses_writes_and_names_the_master(node):
         with pytest.raises((NotMasterError, ConnectionLostError)):
             await producer.send("t", b"x")  # retried against the named master, which is not there
     with pytest.raises(Exception):
-        node.change_role(Role.MASTER, 0)  # an older epoch never wins
+        await node.change_role(Role.MASTER, 0)  # an older epoch never wins
 
 
 @pytest.mark.trio

@@ -35,7 +35,7 @@ def _start(config_path: str) -> tuple[subprocess.Popen, dict]:
 def test_sigkill_then_restart_keeps_acked_messages_and_offsets(tmp_path):
     store_path = tmp_path / "store"
     config = {"node_id": "r1", "store_path": str(store_path), "client_address": f"127.0.0.1:{_free_port()}",
-              "metrics_address": "127.0.0.1:0", "config_persist_interval_ms": 3_600_000, "store": SMALL_STORE}
+              "metrics_address": "127.0.0.1:0", "ha_address": "127.0.0.1:0", "config_persist_interval_ms": 3_600_000, "store": SMALL_STORE}
     config_path = tmp_path / "node.yaml"
     config_path.write_text(yaml.safe_dump(config))
     process, ready = _start(str(config_path))
