@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from node.cluster import LocalCluster
 
@@ -70,6 +71,9 @@ def test_a_killed_master_is_replaced_and_comes_back_as_a_slave(cluster_dir):
     with cluster:
         cluster.up()
         old = cluster.current_master("g1")
+        # only a member of the sync-state set may be elected: kill the master once a slave
+        # has caught up and joined it (before that, no master is the right outcome)
+        _wait_for_sync_state_set(cluster.node(old.node_id).client_address, 2)
         cluster.kill(old.node_id)
         new = cluster.wait_for_master("g1", timeout_s=15, not_node=old.node_id)
         assert new.node_id != old.node_id and new.epoch > old.epoch
@@ -78,3 +82,13 @@ def test_a_killed_master_is_replaced_and_comes_back_as_a_slave(cluster_dir):
         assert node_status(cluster.node(old.node_id).client_address)["role"] == "slave"
         assert cluster.current_master("g1").node_id == new.node_id
     assert cluster.running() == []
+
+
+def _wait_for_sync_state_set(master_address: str, members: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        replication = node_status(master_address).get("replication") or {}
+        if len(replication.get("sync_state_set") or []) >= members:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the sync-state set of {master_address} did not reach {members} members in {timeout_s} s")
