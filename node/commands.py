@@ -1,12 +1,14 @@
 """The node's ``hastore`` commands: node start, produce, consume, query, topic, status.
 
 Registered in pyproject.toml under ``hastore.commands``. Every client command takes
-``--bootstrap HOST:PORT`` and ``--secret`` (or HASTORE_SECRET); ``--json`` prints
+``--bootstrap HOST:PORT`` (or ``--zk HOSTS`` to find the master through ZooKeeper) and
+``--secret`` (or HASTORE_SECRET); ``--json`` prints
 machine-readable results on stdout, progress goes to stderr.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -19,8 +21,35 @@ from .client import OutgoingMessage, open_admin, open_consumer, open_producer
 from .config import load_config
 from .errors import NodeConfigError, NodeError, UnknownOutcomeError
 
-bootstrap_option = click.option("--bootstrap", default="127.0.0.1:10911", show_default=True, metavar="HOST:PORT",
-                                 help="Client address of a node.")
+def bootstrap_option(command):
+    """``--bootstrap HOST:PORT``, or ``--zk HOSTS`` to ask ZooKeeper for the group's master."""
+    @functools.wraps(command)
+    def with_bootstrap(*args, zk_hosts, zk_cluster, zk_group, **kwargs):
+        if zk_hosts:
+            kwargs["bootstrap"] = _master_from_zookeeper(zk_hosts, zk_cluster, zk_group)
+        return command(*args, **kwargs)
+    for option in (
+            click.option("--zk-group", "zk_group", default="g1", show_default=True,
+                         help="With --zk: the group whose master to use."),
+            click.option("--zk-cluster", "zk_cluster", default="hastore", show_default=True,
+                         help="With --zk: the cluster name the controller runs under."),
+            click.option("--zk", "zk_hosts", default=None, metavar="HOSTS",
+                         help="Find the master through ZooKeeper (controller mode) instead of --bootstrap."),
+            click.option("--bootstrap", default="127.0.0.1:10911", show_default=True, metavar="HOST:PORT",
+                         help="Client address of a node (any node: a slave's NOT_MASTER names the master).")):
+        with_bootstrap = option(with_bootstrap)
+    return with_bootstrap
+
+
+def _master_from_zookeeper(zk_hosts: str, cluster: str, group: str) -> str:
+    from controller import ControllerError, find_master  # only commands run with --zk need kazoo
+    try:
+        return find_master(zk_hosts, cluster, group).client_address
+    except ControllerError as error:
+        raise click.ClickException(f"no master of group {group} in cluster {cluster} via ZooKeeper {zk_hosts}: "
+                                   f"{error}") from None
+
+
 secret_option = click.option("--secret", envvar="HASTORE_SECRET", default=None,
                              help="Cluster secret for the HMAC challenge (env HASTORE_SECRET).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")

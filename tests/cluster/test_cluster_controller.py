@@ -55,6 +55,13 @@ def test_up_with_no_config_runs_zookeeper_two_controllers_and_three_nodes(cluste
     assert any(line.split()[:8] == ["node", "state", "role", "epoch", "client", "address", "max", "offset"]
                and line.split()[8] == "lag" for line in table.stdout.splitlines() if line.strip())
 
+    # commands find the master through ZooKeeper with --zk
+    via_zk = hastore("status", "--zk", zk_hosts, "--json")
+    assert via_zk.returncode == 0, via_zk.stderr
+    assert json.loads(via_zk.stdout)["node_id"] == master.node_id
+    missing = hastore("status", "--zk", zk_hosts, "--zk-group", "nope")
+    assert missing.returncode != 0 and "no master of group nope" in missing.stderr
+
     down = hastore("cluster", "down", "--dir", cluster_dir, "--json", timeout_s=120)
     assert down.returncode == 0, down.stderr
     reports = json.loads(down.stdout)
