@@ -331,13 +331,15 @@ class HAService:
                 if not data:
                     raise HaProtocolError(f"no record at {offset} below the log's end {end}")
                 header = protocol.data_header(offset, data)
+                # before the send: the slave can apply and ack these bytes before send_all
+                # returns here, and an ack past sent_offset is a protocol error
+                replica.sent_offset = offset + len(data)
                 if len(data) <= COALESCE_SEND_BYTES_MAX:
                     await stream.send_all(header + data)
                 else:
                     await stream.send_all(header)
                     await stream.send_all(data)
                 offset += len(data)
-                replica.sent_offset = offset
                 last_sent = trio.current_time()
                 continue
             wake = self._appended

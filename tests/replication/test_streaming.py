@@ -182,3 +182,4 @@ async def test_wait_for_replicas_acks_with_a_slave_and_times_out_without_one(ope
         assert isinstance(failed, (FlushSlaveTimeout, InSyncReplicasNotEnough)), "never a silent success"
         await wait_until(lambda: service.statistics().sync_state_set == ("m",), what="the slave leaves the SSS")
         nursery.cancel_scope.cancel()
+
