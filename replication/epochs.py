@@ -32,6 +32,8 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from store.config_files import write_atomically
+
 from .errors import EpochFileError
 
 MAGIC = b"HAEP"
@@ -225,21 +227,5 @@ class EpochFile:
     def replace(self, entries: list[EpochEntry]) -> None:
         """Replace the whole list atomically (durable when this returns)."""
         data = encode_epochs(entries)
-        write_file_atomically(self.path, data)
+        write_atomically(self.path, data, keep_backup=False)
         self._entries = tuple(entries)
-
-
-def write_file_atomically(path: str, data: bytes) -> None:
-    """Temp file, fsync, rename over ``path``, fsync the directory: old or new, never a mix."""
-    directory = os.path.dirname(path) or "."
-    temp = f"{path}.tmp"
-    with open(temp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

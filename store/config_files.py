@@ -25,23 +25,28 @@ CONFIG_FILES = ("topics.json", "consumerOffset.json", "delayOffset.json",
                 "subscriptionGroup.json", "consumerFilter.json")
 
 
-def write_atomically(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file."""
-    directory = os.path.dirname(path) or "."
+def write_atomically(path: str, data: bytes, *, keep_backup: bool = True) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file
+    (temp file, fsync, rename, fsync of the directory); the previous version goes to
+    ``path.bak`` first unless ``keep_backup`` is False."""
     temp = f"{path}.tmp"
     with open(temp, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    if os.path.exists(path):
-        backup = f"{path}.bak"
-        _copy_to_backup(path, backup)
+    if keep_backup and os.path.exists(path):
+        _copy_to_backup(path, f"{path}.bak")
     os.replace(temp, path)
-    dir_fd = os.open(directory, os.O_RDONLY)
+    fsync_directory(os.path.dirname(path) or ".")
+
+
+def fsync_directory(path: str) -> None:
+    """Make the directory entries of ``path`` (creations, renames, unlinks) durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 def _copy_to_backup(path: str, backup: str) -> None:

@@ -28,7 +28,7 @@ from .checkpoint import Checkpoint, CheckpointState
 from .codec import CorruptMessage, StoredMessage
 from .commit_log import CommitLog, PreparedMessage
 from .config import StoreConfig
-from .config_files import ConfigStore, write_atomically
+from .config_files import ConfigStore, fsync_directory, write_atomically
 from .dispatcher import ConsumeQueueTable, Dispatcher
 from .errors import MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError, invariant
 from .flush import FlushService
@@ -178,7 +178,7 @@ class MessageStore:
         self.configs.persist_all()
         self._close_files()
         os.unlink(self._abort_path)
-        _fsync_directory(self.root)
+        fsync_directory(self.root)
         self._release_directory_lock()
 
     def halt(self) -> None:
@@ -224,7 +224,7 @@ class MessageStore:
     def _create_abort_file(self) -> None:
         with open(self._abort_path, "wb") as handle:
             os.fsync(handle.fileno())
-        _fsync_directory(self.root)
+        fsync_directory(self.root)
 
     def _check_running(self) -> None:
         if not self._running:
@@ -679,11 +679,3 @@ def _check_layout(path: str, config: StoreConfig) -> None:
         if all(key in existing for key in LAYOUT_KEYS):
             return
     write_atomically(path, json.dumps(wanted, indent=2).encode("utf-8"))
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

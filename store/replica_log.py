@@ -29,6 +29,7 @@ import zlib
 from dataclasses import dataclass
 
 from . import codec
+from .config_files import fsync_directory, write_atomically
 from .errors import StoreError
 
 MARKER = struct.Struct(">BqI")
@@ -121,25 +122,12 @@ class CutMarker:
 
     def write(self, intent: CutIntent) -> None:
         head = struct.pack(">Bq", intent.kind, intent.offset)
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as handle:
-            handle.write(head + struct.pack(">I", zlib.crc32(head)))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
-        _fsync_directory(self.root)
+        write_atomically(self.path, head + struct.pack(">I", zlib.crc32(head)), keep_backup=False)
 
     def clear(self) -> None:
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             return
-        _fsync_directory(self.root)
+        fsync_directory(self.root)
 
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
