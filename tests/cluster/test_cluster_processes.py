@@ -104,4 +104,5 @@ def test_a_node_that_cannot_start_tears_the_cluster_down_with_its_log(cluster_di
         cluster.up()
     assert "store" in caught.value.log_tails["g1-n2"]
     assert cluster.running() == []
-    assert all(item.state == "down" for item in cluster.status())
+    # a node the failed start had not spawned yet is "never started"; none may be up
+    assert all(item.state in ("down", "never started") for item in cluster.status())
