@@ -80,6 +80,8 @@ class HaRuntime:
         # controller mode: the agent's write permit (``NodeAgent.may_ack``), checked before a
         # put is written and when it is acknowledged; revoked on kazoo's threads at once
         self.external_permit: Callable[[int], bool] | None = None
+        # told when the confirm offset moves (the node wakes long polls capped at it)
+        self.on_confirm_advanced: Callable[[], None] | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Hold the nursery the HA parts run in until cancelled."""
@@ -129,6 +131,10 @@ class HaRuntime:
         service = HAService(self.store, self._service_settings(), epoch, self.epochs.entries,
                             sync_state_set=sync_state_set,
                             on_sync_state_set_change=self.on_sync_state_set_change)
+        service.on_confirm_advanced = self.on_confirm_advanced
+        # under a controller a failover elects any member of the sync-state set, so a consumer
+        # reads only what all of them hold (DESIGN.md); a static master serves what it has
+        self.store.reads_up_to_confirm_offset = self.config.zk_hosts is not None
         self._service_part = await self._start_part("ha-service", serve_ha, service, self.ha_listeners)
         self.ha_service = service
         self.role.change(Role.MASTER, epoch, self.client_address)
@@ -137,6 +143,7 @@ class HaRuntime:
 
     async def _become_slave(self, epoch: int, master_client_address: str | None, master_ha_address: str) -> None:
         self.role.change(Role.SLAVE, epoch, master_client_address)  # no write is accepted from here on
+        self.store.reads_up_to_confirm_offset = False  # a slave serves what it has replicated
         await self._stop_service("stepped down to slave")
         if self._client_part is not None and self._master_ha_address == master_ha_address:
             return  # already following that master

@@ -115,6 +115,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
                                                          "replication": ha.status(),
                                                          "controller": _controller_status(node_box)})
         handlers.replicas = ha
+        ha.on_confirm_advanced = handlers.waiters.notify_all
         server = ClientServer(config, handlers, metrics)
         server_box.append(server)
 

@@ -129,6 +129,9 @@ class HAService:
         self.tracker = ReplicaTracker(settings.node_id, settings.sync, store.confirm_offset, _now_ms(),
                                       sync_state_set)
         self.on_sync_state_set_change = on_sync_state_set_change
+        # called (on the trio thread) whenever the confirm offset moves: readers capped at it
+        # (under a controller) may have new messages
+        self.on_confirm_advanced: Callable[[], None] | None = None
         self._appended = trio.Event()
         self._sync_state_wake = trio.Event()
         self._waiters: list[tuple[int, int, _Waiter]] = []
@@ -143,6 +146,15 @@ class HAService:
         """Wake the senders: the log grew (cheap; call after every local write)."""
         self._appended.set()
         self._appended = trio.Event()
+        if len(self.tracker.sync_state_set) == 1:
+            self._advance_confirm()  # the master alone is the whole sync-state set
+
+    def _advance_confirm(self) -> None:
+        confirm = self.tracker.confirm_offset(self.store.max_physical_offset)
+        if confirm > self.store.confirm_offset:
+            self.store.confirm_offset = confirm
+            if self.on_confirm_advanced is not None:
+                self.on_confirm_advanced()
 
     def check_replicas_for_put(self) -> None:
         """Before a sync put is written: refuse it if it could not be acknowledged."""
@@ -213,6 +225,7 @@ class HAService:
     async def serve(self, listeners: list, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Accept slaves on ``listeners`` until cancelled. The listeners stay open afterwards:
         they belong to the node, whose HA address must not move across role changes."""
+        self._advance_confirm()  # a term may start with the master alone in the sync-state set
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._maintain_sync_state_set)
@@ -366,6 +379,7 @@ class HAService:
                 self.tracker.acked(replica.node_id, offset, _now_ms())
                 if moved:
                     self._release_waiters()
+                    self._advance_confirm()
                     if replica.node_id not in self.tracker.sync_state_set:
                         self._sync_state_wake.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, ReplicationError, OSError) as error:
@@ -406,9 +420,7 @@ class HAService:
                 self._fail_waiters(InSyncReplicasNotEnough(
                     f"the sync-state set shrank to {sorted(wanted)}, fewer than min_in_sync_replicas="
                     f"{self.settings.sync.min_in_sync_replicas}"))
-        confirm = tracker.confirm_offset(master_max)
-        if confirm > self.store.confirm_offset:
-            self.store.confirm_offset = confirm
+        self._advance_confirm()
         self._release_waiters()
 
     # --- statistics ----------------------------------------------------------------------

@@ -100,6 +100,9 @@ class MessageStore:
         self.configs: ConfigStore | None = None
         self.recovery: RecoveryReport | None = None
         self.confirm_offset = 0
+        # under a controller, consumers read only what every in-sync replica holds: pulls
+        # stop before the first message not wholly below the confirm offset
+        self.reads_up_to_confirm_offset = False
         self._lock_fd: int | None = None
         self._running = False
         self._put_messages = 0
@@ -346,7 +349,10 @@ class MessageStore:
         messages: list[StoredMessage] = []
         next_offset = queue_offset
         total_bytes = 0
+        read_limit = self.confirm_offset if self.reads_up_to_confirm_offset else None
         for entry in queue.entries(queue_offset, min(max_count, PULL_BATCH_MAX)):
+            if read_limit is not None and entry.physical_offset + entry.size > read_limit:
+                break  # not yet on every in-sync replica: a failover could still drop it
             try:
                 message = self.commit_log.read_message(entry.physical_offset, check_crc=self.config.check_crc_on_read)
             except StoreCorruptError:

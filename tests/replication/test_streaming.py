@@ -183,3 +183,36 @@ async def test_wait_for_replicas_acks_with_a_slave_and_times_out_without_one(ope
         await wait_until(lambda: service.statistics().sync_state_set == ("m",), what="the slave leaves the SSS")
         nursery.cancel_scope.cancel()
 
+
+
+async def test_readers_capped_at_the_confirm_offset_see_only_what_the_sync_state_set_holds(open_store):
+    from replication import SyncSettings
+    master, slave = open_store("master"), open_store("slave")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    master.reads_up_to_confirm_offset = True
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, master, master_epochs,
+                                              sync=SyncSettings(min_in_sync_replicas=2, max_time_not_catchup_ms=1_000))
+        woken = []
+        service.on_confirm_advanced = lambda: woken.append(master.confirm_offset)
+        (alone,) = put(master, 1, prefix="alone", queues=1)
+        service.notify_appended()            # the master alone is the sync-state set: readable at once
+        assert master.confirm_offset == alone.end_offset and woken
+        running = await start_slave(nursery, slave, address)
+        await wait_until(lambda: "s1" in service.statistics().sync_state_set, what="the slave joins the SSS")
+        (both,) = put(master, 1, prefix="both", queues=1)
+        service.notify_appended()
+        await service.wait_for_replicas(both.end_offset)
+        assert master.confirm_offset >= both.end_offset
+        assert master.wait_dispatched()
+        assert len(master.pull("orders", 0, 0).messages) == 2
+        await running.stop()                 # the slave is gone but stays in the SSS for a while
+        (unreplicated,) = put(master, 1, prefix="only-on-master", queues=1)
+        service.notify_appended()
+        assert master.wait_dispatched()
+        assert master.pull("orders", 0, 2).messages == []     # a failover could still drop it
+        await wait_until(lambda: service.statistics().sync_state_set == ("m",), what="the slave leaves the SSS")
+        assert master.confirm_offset >= unreplicated.end_offset
+        assert [m.body[:14] for m in master.pull("orders", 0, 2).messages] == [b"only-on-master"]
+        nursery.cancel_scope.cancel()

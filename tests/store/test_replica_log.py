@@ -195,3 +195,22 @@ def test_store_timestamp_at(open_store):
     results = fill(store, 3)
     assert store.store_timestamp_at(results[1].physical_offset) == results[1].store_timestamp
     assert store.store_timestamp_at(store.max_physical_offset) == -1
+
+
+def test_reads_stop_before_the_confirm_offset_when_asked(open_store):
+    store = open_store()
+    results = fill(store, 9)                  # queue 0 holds messages 0, 3, 6
+    assert store.wait_dispatched()
+    store.reads_up_to_confirm_offset = True
+    store.confirm_offset = results[3].end_offset
+    assert [m.physical_offset for m in store.pull("t", 0, 0).messages] == [results[0].physical_offset,
+                                                                             results[3].physical_offset]
+    blocked = store.pull("t", 0, 2)
+    assert blocked.messages == [] and blocked.next_offset == 2 and blocked.max_offset == 3
+    store.confirm_offset = results[6].end_offset - 1   # a message counts only when wholly below
+    assert store.pull("t", 0, 2).messages == []
+    store.confirm_offset = results[6].end_offset
+    assert [m.physical_offset for m in store.pull("t", 0, 2).messages] == [results[6].physical_offset]
+    store.reads_up_to_confirm_offset = False
+    store.confirm_offset = 0
+    assert len(pull_all(store, "t", 0)) == 3
