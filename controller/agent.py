@@ -46,7 +46,6 @@ from typing import Protocol
 
 from kazoo.client import KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
-from kazoo.handlers.threading import KazooTimeoutError
 
 from . import layout, znodes
 from .errors import DeposedMasterError, FencedError, ZooKeeperUnavailableError
@@ -131,13 +130,7 @@ class NodeAgent:
         """Connect, register and start following the master znode (ZooKeeperUnavailableError if
         ZooKeeper does not answer within ``zk_timeout_s``)."""
         self.client.add_listener(self._on_state)
-        try:
-            self.client.start(timeout=self.settings.zk_timeout_s)
-        except KazooTimeoutError as error:
-            self.client.stop()
-            self.client.close()
-            raise ZooKeeperUnavailableError(f"node {self.settings.node_id}: no ZooKeeper at "
-                                            f"{self.settings.zk_hosts} within {self.settings.zk_timeout_s} s") from error
+        znodes.start_client(self.client, self.settings.zk_timeout_s, f"node {self.settings.node_id}")
         znodes.ensure_path(self.client, layout.nodes_path(self.settings.cluster, self.settings.group),
                            self.settings.zk_timeout_s)
         self.client.DataWatch(self._paths[1], self._on_master_changed)

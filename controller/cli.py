@@ -90,11 +90,7 @@ def status_command(zk_hosts: str, cluster: str, groups: tuple[str, ...], as_json
 def cluster_status(zk_hosts: str, cluster: str, groups=()) -> dict:
     """The data behind ``hastore controller status`` (a JSON-ready dict)."""
     client = znodes.make_client(zk_hosts, session_timeout_ms=4000)
-    try:
-        client.start(timeout=_STATUS_TIMEOUT_S)
-    except Exception as error:         # kazoo raises its own timeout type here
-        client.close()
-        raise ControllerError(f"could not connect to ZooKeeper at {zk_hosts}: {error}") from error
+    znodes.start_client(client, _STATUS_TIMEOUT_S, f"status of cluster {cluster}")
     try:
         names = groups or znodes.children_or_empty(client, layout.groups_path(cluster), _STATUS_TIMEOUT_S)
         contenders = znodes.children_or_empty(client, layout.election_path(cluster), _STATUS_TIMEOUT_S)

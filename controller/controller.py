@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 from kazoo.client import KazooState
 from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
 
 from . import layout, znodes
 from .election import Decision, Outcome, decide
@@ -95,13 +94,7 @@ class Controller:
     def start(self) -> None:
         """Connect (ZooKeeperUnavailableError if ZooKeeper does not answer), then contend."""
         self.client.add_listener(self._on_state)
-        try:
-            self.client.start(timeout=self.settings.zk_timeout_s)
-        except KazooTimeoutError as error:
-            self.client.stop()
-            self.client.close()
-            raise ZooKeeperUnavailableError(f"controller could not connect to ZooKeeper at "
-                                            f"{self.settings.zk_hosts} within {self.settings.zk_timeout_s} s") from error
+        znodes.start_client(self.client, self.settings.zk_timeout_s, f"controller {self.settings.controller_id}")
         znodes.ensure_path(self.client, layout.groups_path(self.settings.cluster), self.settings.zk_timeout_s)
         self._thread = threading.Thread(target=self._contend, name=f"hastore-controller-{self.settings.controller_id}",
                                         daemon=True)

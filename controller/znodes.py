@@ -37,6 +37,17 @@ def make_client(hosts: str, session_timeout_ms: int = 6000, *, read_only: bool =
                        read_only=read_only)
 
 
+def start_client(client: KazooClient, timeout_s: float, who: str) -> None:
+    """Connect ``client``; if ZooKeeper does not answer within ``timeout_s``, release it and
+    raise ZooKeeperUnavailableError naming ``who`` was connecting."""
+    try:
+        client.start(timeout=timeout_s)
+    except KazooTimeoutError as error:
+        client.stop()
+        client.close()
+        raise ZooKeeperUnavailableError(f"{who}: no ZooKeeper at {client.hosts} within {timeout_s} s") from error
+
+
 def wait(async_result, timeout_s: float, what: str):
     """The result of a kazoo async call; unavailability becomes ZooKeeperUnavailableError."""
     try:
@@ -187,12 +198,7 @@ def find_master(zk_hosts: str, cluster: str, group: str, timeout_s: float = DEFA
     Raises NoMasterError when the group has no live master and ZooKeeperUnavailableError when
     ZooKeeper cannot be reached within ``timeout_s``."""
     client = make_client(zk_hosts, session_timeout_ms=max(2000, int(timeout_s * 1000)))
-    try:
-        client.start(timeout=timeout_s)
-    except KazooTimeoutError as error:
-        client.stop()
-        client.close()
-        raise ZooKeeperUnavailableError(f"could not connect to ZooKeeper at {zk_hosts} within {timeout_s} s") from error
+    start_client(client, timeout_s, f"finding the master of group {group}")
     try:
         return find_master_with_client(client, cluster, group, timeout_s)
     finally:
