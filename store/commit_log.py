@@ -264,6 +264,13 @@ class CommitLog:
             offset = segment.end_offset
         return offset if files else start, last_timestamp, "end of files"
 
+    def continue_after(self, queue_offsets: dict[tuple[str, int], int], last_store_timestamp: int) -> None:
+        """Take each queue's next offset and the last store time from a log that grew by
+        replication (``append_bytes``), so the next own append carries on from there."""
+        with self._write_lock:
+            self.queue_offsets = queue_offsets
+            self.last_store_timestamp = max(self.last_store_timestamp, last_store_timestamp)
+
     def set_end(self, offset: int) -> None:
         """After recovery or replication truncation: cut the log at ``offset`` (a record boundary)."""
         with self._write_lock:

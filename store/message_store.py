@@ -494,10 +494,8 @@ class MessageStore:
         each queue's next offset and the last store time from what was dispatched."""
         self._check_running()
         self.dispatcher.catch_up()
-        with self.commit_log._write_lock:
-            self.commit_log.queue_offsets = {key: queue.max_offset for key, queue in self.queues.queues.items()}
-            self.commit_log.last_store_timestamp = max(self.commit_log.last_store_timestamp,
-                                                       self.dispatcher.last_store_timestamp)
+        self.commit_log.continue_after({key: queue.max_offset for key, queue in self.queues.queues.items()},
+                                       self.dispatcher.last_store_timestamp)
         self._write_state_stale = False
 
     def truncate_to(self, offset: int) -> None:
