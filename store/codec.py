@@ -282,19 +282,31 @@ def topic_problem(topic: str) -> str | None:
 
 
 # --- encoding ----------------------------------------------------------------------------
+def encode_tail(topic_bytes: bytes, properties_bytes: bytes) -> bytes:
+    """A record's bytes after the body, up to the HCRC digits: TOPICLEN TOPIC PROPLEN
+    PROPERTIES "HCRC\x01". None of it depends on where the record lands, so a writer builds
+    it before taking the write lock."""
+    return b"%c%s%s%s" % (len(topic_bytes), topic_bytes,
+                          (len(properties_bytes) + HCRC_PROPERTY_BYTES).to_bytes(2, "big"),
+                          properties_bytes) + HCRC_PREFIX
+
+
+def seal(header: bytes, tail: bytes, _crc=zlib.crc32) -> bytes:
+    """The HCRC digits and closing separator: CRC32 of the header and the tail, in hex."""
+    return b"%08x\x02" % _crc(tail, _crc(header))
+
+
 def encode_message_pieces(topic_bytes, queue_id, body, body_crc, properties_bytes, flag, queue_offset,
                           physical_offset, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
-                          reconsume_times, prepared_transaction_offset, _pack=HEADER.pack, _crc=zlib.crc32):
-    """Positional form of :func:`encode_message` for the writer's hot loop."""
-    properties_length = len(properties_bytes) + HCRC_PROPERTY_BYTES
+                          reconsume_times, prepared_transaction_offset, _pack=HEADER.pack):
+    """Positional form of :func:`encode_message`."""
+    tail = encode_tail(topic_bytes, properties_bytes)
     header = _pack(
-        FIXED_SIZE + len(body) + len(topic_bytes) + properties_length, MESSAGE_MAGIC, body_crc, queue_id, flag,
-        queue_offset, physical_offset, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
-        reconsume_times, prepared_transaction_offset, len(body),
+        HEADER.size + len(body) + len(tail) + HCRC_VALUE_BYTES, MESSAGE_MAGIC, body_crc,
+        queue_id, flag, queue_offset, physical_offset, sys_flag, born_timestamp, born_host,
+        store_timestamp, store_host, reconsume_times, prepared_transaction_offset, len(body),
     )
-    tail = b"%c%s%s%s" % (len(topic_bytes), topic_bytes, properties_length.to_bytes(2, "big"),
-                          properties_bytes) + HCRC_PREFIX
-    return header, body, tail, b"%08x\x02" % _crc(tail, _crc(header))
+    return header, body, tail, seal(header, tail)
 
 
 def encode_message(

@@ -41,6 +41,12 @@ from .retention import Retention
 log = logging.getLogger(__name__)
 
 MAX_QUEUE_ID = 2**31 - 1
+MAX_BODY_BYTES = codec.MAX_BODY_BYTES
+# a record is its header, body, tail (codec.encode_tail) and the HCRC digits
+RECORD_BYTES_BESIDE_BODY_AND_TAIL = codec.HEADER.size + codec.HCRC_VALUE_BYTES
+_encode_tail = codec.encode_tail
+_crc32 = zlib.crc32
+_new_tuple = tuple.__new__
 PULL_BATCH_MAX = 1024
 
 
@@ -105,13 +111,13 @@ class MessageStore:
         self.reads_up_to_confirm_offset = False
         self._lock_fd: int | None = None
         self._running = False
-        self._put_messages = 0
-        self._put_bytes = 0
         self._abort_path = os.path.join(root, "abort")
         self._cut_marker = CutMarker(root)
         self._write_state_stale = False
         self._topic_cache: dict[str, bytes] = {}
         self._host_cache: dict[str, bytes] = {}
+        # the largest record a segment takes: it must leave room for the closing blank record
+        self._largest_record = config.commitlog_segment_bytes - codec.END_OF_SEGMENT_MIN_BLANK
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> RecoveryReport:
@@ -241,8 +247,8 @@ class MessageStore:
     def prepare(self, message: Message) -> PreparedMessage | PutResult:
         """Validate and pre-encode a message; a PutResult carries the refusal.
 
-        Runs outside the write lock, so batches from several callers encode in parallel
-        with the writer. Topic and host checks are cached: they repeat across messages.
+        Runs outside the write lock, so one caller's encoding never holds up another's
+        write. Topic and host checks are cached: they repeat across messages.
         """
         topic = message.topic
         topic_bytes = self._topic_cache.get(topic)
@@ -258,9 +264,10 @@ class MessageStore:
             if not isinstance(body, (bytes, bytearray, memoryview)):
                 return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="body must be bytes")
             body = bytes(body)
-        if len(body) > codec.MAX_BODY_BYTES:
+        body_length = len(body)
+        if body_length > MAX_BODY_BYTES:
             return PutResult(PutStatus.MESSAGE_ILLEGAL,
-                             reason=f"body is {len(body)} bytes, over the {codec.MAX_BODY_BYTES} byte limit")
+                             reason=f"body is {body_length} bytes, over the {MAX_BODY_BYTES} byte limit")
         queue_id = message.queue_id
         if type(queue_id) is not int or not 0 <= queue_id <= MAX_QUEUE_ID:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="queue id must be an int in [0, 2^31)")
@@ -275,39 +282,35 @@ class MessageStore:
                 return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"born_host: {error}")
             if len(self._host_cache) < 100_000:
                 self._host_cache[message.born_host] = born_host
-        size = codec.FIXED_SIZE + codec.HCRC_PROPERTY_BYTES + len(body) + len(topic_bytes) + len(properties)
-        if size + codec.END_OF_SEGMENT_MIN_BLANK > self.config.commitlog_segment_bytes:
+        tail = _encode_tail(topic_bytes, properties)
+        size = RECORD_BYTES_BESIDE_BODY_AND_TAIL + body_length + len(tail)
+        if size > self._largest_record:
             return PutResult(PutStatus.MESSAGE_ILLEGAL,
                              reason=f"message of {size} bytes cannot fit a {self.config.commitlog_segment_bytes} "
                                     "byte segment")
-        return PreparedMessage(
-            topic, topic_bytes, queue_id, body, zlib.crc32(body) & 0x7FFFFFFF, properties,
-            message.flag, message.sys_flag, message.born_timestamp, born_host, message.reconsume_times,
-            message.prepared_transaction_offset, size,
-        )
+        return _new_tuple(PreparedMessage, (
+            topic, queue_id, body, _crc32(body) & 0x7FFFFFFF, tail, message.flag, message.sys_flag,
+            message.born_timestamp, born_host, message.reconsume_times, message.prepared_transaction_offset, size))
 
     def append(self, messages: list[Message]) -> list[PutResult]:
         """Write messages without waiting for the disk; refused ones get their status."""
         self._check_running()
-        results: list[PutResult | None] = []
-        prepared: list[PreparedMessage] = []
-        for message in messages:
-            outcome = self.prepare(message)
-            if isinstance(outcome, PutResult):
-                results.append(outcome)
-            else:
-                results.append(None)
-                prepared.append(outcome)
+        prepare = self.prepare
+        prepared = [prepare(message) for message in messages]
+        refused = [index for index, outcome in enumerate(prepared) if type(outcome) is PutResult]
+        if refused:
+            written = [outcome for outcome in prepared if type(outcome) is not PutResult]
+        else:
+            written = prepared
         if self._write_state_stale:
             self.catch_up_for_writes()
-        written = iter(self.commit_log.append(prepared)) if prepared else iter(())
-        merged = [result if result is not None else next(written) for result in results]
+        results = self.commit_log.append(written) if written else []
         self.dispatcher.wake.set()
-        for result in merged:
-            if result.status is PutStatus.PUT_OK:
-                self._put_messages += 1
-                self._put_bytes += result.wrote_bytes
-        return merged
+        if refused:
+            # put each refusal back in its message's place
+            outcomes = iter(results)
+            results = [outcome if type(outcome) is PutResult else next(outcomes) for outcome in prepared]
+        return results
 
     def put(self, message: Message) -> PutResult:
         """Store one message; under ``flush: sync`` return once it is on disk."""
@@ -606,7 +609,8 @@ class MessageStore:
             flushed_offset=self.commit_log.flushed_offset, dispatched_offset=self.dispatcher.dispatched_offset,
             dispatch_lag_bytes=self.dispatcher.lag_bytes, dispatched_messages=self.dispatcher.dispatched_messages,
             segments=len(self.commit_log.segments.files), consume_queues=len(self.queues.queues),
-            index_files=len(self.index.files), put_messages=self._put_messages, put_bytes=self._put_bytes,
+            index_files=len(self.index.files), put_messages=self.commit_log.put_messages,
+            put_bytes=self.commit_log.put_bytes,
             running=self._running, recovery=self.recovery,
         )
 
@@ -631,32 +635,38 @@ class MessageStore:
 
 def _properties_of(message: Message) -> bytes | PutResult:
     """The encoded properties (KEYS and TAGS folded in), or the refusal."""
-    pairs = []
-    for name, value in (message.properties or {}).items():
-        if type(name) is not str or type(value) is not str or not name:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property names and values must be non-empty strings")
-        if name == codec.PROPERTY_HCRC:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"property {name} is reserved for the store")
-        if name == codec.PROPERTY_KEYS or name == codec.PROPERTY_TAGS:
-            if (name == codec.PROPERTY_KEYS and message.keys) or (name == codec.PROPERTY_TAGS and message.tags):
-                continue  # the fields win over a property of the same name
-        pairs.append(f"{name}\x01{value}\x02")
     keys = message.keys
+    tags = message.tags
+    properties = message.properties
+    pairs = 0
+    text = ""
+    if properties:
+        parts = []
+        for name, value in properties.items():
+            if type(name) is not str or type(value) is not str or not name:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property names and values must be non-empty strings")
+            if name == codec.PROPERTY_HCRC:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"property {name} is reserved for the store")
+            if (name == codec.PROPERTY_KEYS and keys) or (name == codec.PROPERTY_TAGS and tags):
+                continue  # the fields win over a property of the same name
+            parts.append(f"{name}\x01{value}\x02")
+        pairs = len(parts)
+        text = "".join(parts)
     if keys:
         if type(keys) is str:
             keys = (keys,)
         for key in keys:
             if type(key) is not str or not key or " " in key:
                 return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"key {key!r} must be a non-empty string without spaces")
-        pairs.append(f"KEYS\x01{' '.join(keys)}\x02")
-    tags = message.tags
+        text = f"{text}KEYS\x01{' '.join(keys)}\x02"
+        pairs += 1
     if tags:
         if type(tags) is not str:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="tags must be a string")
-        pairs.append(f"TAGS\x01{tags}\x02")
-    text = "".join(pairs)
+        text = f"{text}TAGS\x01{tags}\x02"
+        pairs += 1
     # every separator must be one this function wrote: none may come from a name or value
-    if text.count("\x01") != len(pairs) or text.count("\x02") != len(pairs):
+    if text.count("\x01") != pairs or text.count("\x02") != pairs:
         return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property keys and values must not contain \\x01 or \\x02")
     encoded = text.encode("utf-8")
     if len(encoded) + codec.HCRC_PROPERTY_BYTES > codec.MAX_PROPERTIES_BYTES:
