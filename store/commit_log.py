@@ -216,6 +216,20 @@ class CommitLog:
         except CorruptMessage as error:
             raise StoreCorruptError(f"{segment.path}: message at offset {offset} is corrupt: {error}") from None
 
+    def record_starts_at(self, offset: int) -> bool:
+        """Whether a message record starts at ``offset``: its magic is there and its own
+        PHYSICALOFFSET field names ``offset`` (bytes inside a body almost never do both)."""
+        segment = self.segments.find(offset)
+        if segment is None or offset >= self.max_offset:
+            return False
+        position = offset - segment.start_offset
+        if position + codec.BODY_LENGTH_AT > segment.size:
+            return False
+        magic = int.from_bytes(segment.mm[position + 4:position + 8], "big")
+        physical_offset = int.from_bytes(segment.mm[position + codec.PHYSICAL_OFFSET_AT:
+                                                    position + codec.PHYSICAL_OFFSET_AT + 8], "big")
+        return magic == codec.MESSAGE_MAGIC and physical_offset == offset
+
     def store_timestamp_at(self, offset: int) -> int:
         """STORETIMESTAMP of the message at ``offset``, -1 if unreadable."""
         segment = self.segments.find(offset)

@@ -448,7 +448,12 @@ class MessageStore:
             raise MessageNotFound(str(error)) from None
         if offset >= self.dispatcher.dispatched_offset:
             raise MessageNotFound(f"no message at offset {offset} yet")
-        message = self.commit_log.read_message(offset, check_crc=self.config.check_crc_on_read)
+        try:
+            message = self.commit_log.read_message(offset, check_crc=self.config.check_crc_on_read)
+        except StoreCorruptError:
+            if not self.commit_log.record_starts_at(offset):   # a made-up id, not a damaged record
+                raise MessageNotFound(f"message id {message_id}: no message starts at offset {offset}") from None
+            raise
         if message.physical_offset != offset or message.store_host != host:
             raise MessageNotFound(f"message id {message_id} names {host} offset {offset}, which holds another message")
         return message
