@@ -5,6 +5,9 @@ bounded passes, appends one ConsumeQueue entry per message (packed per queue, on
 queue per pass) and one IndexFile entry per KEYS word and per UNIQ_KEY, then advances
 ``dispatched_offset`` and tells listeners which queues grew (long polling waits on that).
 Consumers see a message only once it is dispatched.
+
+A pass walks record boundaries here and leaves the rest to ``dispatch_batch``: a few
+records are parsed one by one, a large pass (catching up) with numpy in one go.
 """
 
 from __future__ import annotations
@@ -12,20 +15,22 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import struct
 import threading
 from typing import Callable
 
 from . import codec
 from .commit_log import CommitLog
-from .consume_queue import ENTRY, ConsumeQueue
+from .consume_queue import ConsumeQueue
+from .dispatch_batch import DispatchBatch, DispatchParser
+from .errors import invariant
 from .index_file import IndexService
+from .mapped_file import MappedFile
 
 log = logging.getLogger(__name__)
 
-# TOTALSIZE, MAGIC, -, QUEUEID, -, QUEUEOFFSET, PHYSICALOFFSET ... STORETIMESTAMP, ..., BODY LENGTH
-_FIELDS = struct.Struct(">iI4xi4xqq20x q 20x i")
-assert _FIELDS.size == 88
+# Passes with fewer records are parsed one record at a time: below this, numpy's per-call
+# cost is more than the loop it replaces (a live store's passes are often a put's worth).
+_COLUMNS_RECORDS_MIN = 128
 
 DispatchListener = Callable[[int, set[tuple[str, int]]], None]
 
@@ -110,8 +115,7 @@ class Dispatcher:
         self.lock = threading.Lock()          # held for a pass; truncation takes it too
         self.wake = threading.Event()
         self._listeners: list[DispatchListener] = []
-        self._topic_hash_prefix: dict[str, int] = {}
-        self._tags_codes: dict[str, int] = {}
+        self._parser = DispatchParser()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.error: BaseException | None = None
@@ -135,92 +139,40 @@ class Dispatcher:
             end = min(self.commit_log.max_offset, start + (bytes_max or self.batch_bytes_max))
             if end <= start:
                 return 0
-            pending: dict[tuple[str, int], list] = {}
             count = 0
             offset = start
-            last_timestamp = self.last_store_timestamp
-            # key hashes are computed in one batch after the walk (codec.index_key_hashes)
-            key_prefixes: list[int] = []
-            index_keys: list[str] = []
-            key_offsets: list[int] = []
-            key_timestamps: list[int] = []
-            tags_codes = self._tags_codes
-            prefix_hashes = self._topic_hash_prefix
-            pack_entry = ENTRY.pack
-            unpack = _FIELDS.unpack_from
-            for mm, position, size, is_blank in self.commit_log.records(start, end):
-                if is_blank:
-                    offset = offset - offset % self.commit_log.segment_bytes + self.commit_log.segment_bytes
-                    continue
-                (_, _, queue_id, queue_offset, physical_offset, store_timestamp,
-                 body_length) = unpack(mm, position)
-                topic_at = position + 88 + body_length
-                topic_end = topic_at + 1 + mm[topic_at]
-                topic = mm[topic_at + 1:topic_end].decode("utf-8")
-                props = mm[topic_end + 2:position + size].decode("utf-8")
-                tags = keys = uniq = None
-                if props:
-                    for pair in props.split("\x02"):
-                        name, _, value = pair.partition("\x01")
-                        if name == "KEYS":
-                            keys = value
-                        elif name == "TAGS":
-                            tags = value
-                        elif name == "UNIQ_KEY":
-                            uniq = value
-                queue_key = (topic, queue_id)
-                run = pending.get(queue_key)
-                if tags:
-                    tags_code = tags_codes.get(tags)
-                    if tags_code is None:
-                        tags_code = codec.java_hash(tags)
-                        if len(tags_codes) < 65536:
-                            tags_codes[tags] = tags_code
-                else:
-                    tags_code = 0
-                entry = pack_entry(physical_offset, size, tags_code)
-                if run is None:
-                    pending[queue_key] = [queue_offset, [entry]]
-                elif run[0] + len(run[1]) == queue_offset:
-                    run[1].append(entry)
-                else:  # not contiguous (never in a log this store wrote): write what we have
-                    self._write_queue(queue_key, run)
-                    pending[queue_key] = [queue_offset, [entry]]
-                if keys or uniq:
-                    prefix = prefix_hashes.get(topic)
-                    if prefix is None:
-                        prefix = prefix_hashes[topic] = codec.java_hash_unsigned(topic + "#")
-                    if keys:
-                        for key in keys.split(" "):
-                            if key:
-                                key_prefixes.append(prefix)
-                                index_keys.append(key)
-                                key_offsets.append(physical_offset)
-                                key_timestamps.append(store_timestamp)
-                    if uniq:
-                        key_prefixes.append(prefix)
-                        index_keys.append(uniq)
-                        key_offsets.append(physical_offset)
-                        key_timestamps.append(store_timestamp)
-                last_timestamp = store_timestamp
-                offset = physical_offset + size
-                count += 1
-            if index_keys:
-                hashes = codec.index_key_hashes(key_prefixes, index_keys)
-                self.index.put_many(list(zip(hashes, key_offsets, key_timestamps)))
-            for queue_key, run in pending.items():
-                self._write_queue(queue_key, run)
-            self.last_store_timestamp = last_timestamp
+            grown: set[tuple[str, int]] = set()
+            while offset < end:  # one segment at a time (a pass crosses at most a few)
+                segment = self.commit_log.segments.find(offset)
+                if segment is None:
+                    break
+                positions, stop, blank = _walk(segment, offset - segment.start_offset,
+                                               min(segment.size, end - segment.start_offset))
+                if positions:
+                    if len(positions) < _COLUMNS_RECORDS_MIN:
+                        batch = self._parser.parse_each(segment.mm, positions)
+                    else:
+                        batch = self._parser.parse(segment.mm, positions)
+                    grown.update(self._write(batch))
+                    count += batch.count
+                offset = segment.end_offset if blank else segment.start_offset + stop
             self.dispatched_messages += count
             self.dispatched_offset = offset
-            grown = set(pending)
         for listener in self._listeners:
             listener(self.dispatched_offset, grown)
         return count
 
-    def _write_queue(self, queue_key: tuple[str, int], run: list) -> None:
-        queue = self.queues.get_or_create(*queue_key)
-        queue.append_entries(run[0], b"".join(run[1]))
+    def _write(self, batch: DispatchBatch) -> set[tuple[str, int]]:
+        """IndexFile entries, then ConsumeQueue entries, of one parsed batch; return the
+        queues written."""
+        if len(batch.key_hashes):
+            self.index.put_many(batch.key_hashes, batch.key_offsets, batch.key_timestamps)
+        written = set()
+        for queue_key, first_queue_offset, entries in batch.queue_runs:
+            self.queues.get_or_create(*queue_key).append_entries(first_queue_offset, entries)
+            written.add(queue_key)
+        self.last_store_timestamp = batch.last_store_timestamp
+        return written
 
     def catch_up(self) -> int:
         """Dispatch everything written so far (recovery, promotion, tests)."""
@@ -253,3 +205,23 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+
+
+def _walk(segment: MappedFile, position: int, limit: int) -> tuple[list[int], int, bool]:
+    """Positions of the messages of ``segment`` starting in [position, limit), where the
+    walk stopped, and whether it stopped at the segment's blank record. No CRC check:
+    records below the log's ``max_offset`` are whole. (``CommitLog.records`` walks the
+    same way but yields one record at a time; the parser wants a segment's positions.)"""
+    mm = segment.mm
+    unpack = codec.BLANK_HEADER.unpack_from
+    message_magic = codec.MESSAGE_MAGIC
+    positions: list[int] = []
+    while position < limit:
+        size, magic = unpack(mm, position)
+        if magic != message_magic or size <= 0:
+            invariant(magic == codec.BLANK_MAGIC,
+                      f"{segment.path}: no record at offset {segment.start_offset + position}")
+            return positions, position, True
+        positions.append(position)
+        position += size
+    return positions, position, False

@@ -19,8 +19,10 @@ Keys are ``topic#key`` for every KEYS word and ``topic#UNIQ_KEY``. A lookup walk
 slot's chain newest first and returns candidate offsets; the caller reads each message
 and compares the key, because only hashes are stored.
 
-Write order per key (so a process killed between any two steps leaves a repairable
-file): entry, then slot, then header. ``rollback`` undoes entries newest first.
+Write order (so a process killed between any two steps leaves a repairable file): entry,
+then slot, then header, per key in ``put`` and per block of keys in ``put_many``.
+``rollback`` undoes entries newest first; after an unclean stop, slots pointing past the
+count make recovery rebuild the chains first.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ import os
 import struct
 import time
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 from .errors import StoreError, invariant
 
@@ -48,6 +53,10 @@ assert ENTRY_BYTES == 20
 _COUNT_AT = 36
 _COUNT = struct.Struct(">i")
 _INT_MAX = 2**31 - 1
+_SLOT_DTYPE = np.dtype(">i4")
+_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("physical_offset", ">i8"), ("time_diff", ">i4"), ("previous", ">i4")])
+assert _ENTRY_DTYPE.itemsize == ENTRY_BYTES
+_BLOCK_ENTRIES_MIN = 64
 
 
 def index_file_name(timestamp_ms: int) -> str:
@@ -151,31 +160,42 @@ class IndexFile:
             struct.pack_into(">i", mm, _COUNT_AT, count + 1)
         return True
 
-    def put_many(self, entries: list[tuple[int, int, int]], start: int) -> int:
-        """Add entries[start:] (key hash, offset, store time) until full; return the next index.
+    def put_many(self, key_hashes: Sequence[int], physical_offsets: Sequence[int], store_timestamps: Sequence[int],
+                 start: int) -> int:
+        """Add entries ``start:`` of the columns (key hash, offset, store time: lists or
+        int64 arrays) until full; return the index of the first entry not added.
 
-        The loop of ``put`` with everything in locals and the header written once per call:
-        the dispatcher's hot path. Per entry the write order is still entry, then slot,
-        then count, so ``rollback`` can undo a call cut off anywhere.
+        The same bytes as ``put`` once per entry. Many entries are written as blocks
+        (``_put_block``, numpy); below ``_BLOCK_ENTRIES_MIN`` the loop is cheaper.
         """
         header = self.header
-        count = header.index_count
-        if count <= 1 and start < len(entries):
-            if not self.put(*entries[start]):
+        total = len(key_hashes)
+        if header.index_count <= 1 and start < total:
+            # the first entry sets the file's base time and offset (``put`` writes the header)
+            if not self.put(int(key_hashes[start]), int(physical_offsets[start]), int(store_timestamps[start])):
                 return start
             start += 1
-            count = header.index_count
+        end = start + max(0, min(total - start, self.max_entries - header.index_count))
+        if end - start >= _BLOCK_ENTRIES_MIN:
+            self._put_block(*(np.asarray(column[start:end], np.int64)
+                              for column in (key_hashes, physical_offsets, store_timestamps)))
+        elif end > start:
+            self._put_each(key_hashes[start:end], physical_offsets[start:end], store_timestamps[start:end])
+        return end
+
+    def _put_each(self, key_hashes: Sequence[int], physical_offsets: Sequence[int],
+                  store_timestamps: Sequence[int]) -> None:
+        """Append entries that fit: the loop of ``put`` with everything in locals and the
+        header fields set once. Per entry the write order is entry, slot, count."""
+        header = self.header
+        count = header.index_count
         mm = self.mm
         slots = self.hash_slots
-        limit = self.max_entries
         entries_at = self._entries_at
         begin = header.begin_timestamp
         unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
         pack_count = _COUNT.pack_into
-        index = start
-        total = len(entries)
-        while index < total and count < limit:
-            key_hash, physical_offset, store_timestamp = entries[index]
+        for key_hash, physical_offset, store_timestamp in zip(key_hashes, physical_offsets, store_timestamps):
             slot_at = HEADER_BYTES + (key_hash % slots) * SLOT_BYTES
             previous = unpack_slot(mm, slot_at)[0]
             if previous <= 0 or previous > count:
@@ -189,15 +209,53 @@ class IndexFile:
             pack_slot(mm, slot_at, count)
             count += 1
             pack_count(mm, _COUNT_AT, count)
-            index += 1
-        added = index - start
-        if added:
-            last_hash, last_offset, last_time = entries[index - 1]
-            header.hash_slot_count += added
-            header.index_count = count
-            header.end_physical_offset = last_offset
-            header.end_timestamp = last_time
-        return index
+        header.hash_slot_count += count - header.index_count
+        header.index_count = count
+        header.end_physical_offset = int(physical_offsets[-1])
+        header.end_timestamp = int(store_timestamps[-1])
+
+    def _put_block(self, key_hashes: np.ndarray, physical_offsets: np.ndarray, store_timestamps: np.ndarray) -> None:
+        """Append entries that fit (int64 arrays), as ``put`` would one by one.
+
+        An entry's prevIndex is the newest earlier entry of the block in its slot, else what
+        the slot held (0 if that is not a valid older entry, as in ``put``); each touched
+        slot ends at its block's newest entry. Entries, slots, count: a kill in between
+        leaves slots past the count, which recovery's ``rebuild_chains`` repairs.
+        """
+        header = self.header
+        count = header.index_count
+        added = len(key_hashes)
+        invariant(count > 1 and count + added <= self.max_entries, "block fits an index file with a base")
+        numbers = np.arange(count, count + added)
+        slots = key_hashes % self.hash_slots
+        order = np.argsort(slots, kind="stable")          # by slot, oldest first within a slot
+        sorted_slots = slots[order]
+        starts_slot = np.ones(added, bool)
+        starts_slot[1:] = sorted_slots[1:] != sorted_slots[:-1]
+        ends_slot = np.ones(added, bool)
+        ends_slot[:-1] = starts_slot[1:]
+        table = np.frombuffer(self.mm, _SLOT_DTYPE, self.hash_slots, HEADER_BYTES)
+        try:
+            previous_sorted = np.empty(added, np.int64)
+            previous_sorted[1:] = numbers[order[:-1]]
+            heads = table[sorted_slots[starts_slot]].astype(np.int64)
+            firsts = numbers[order[starts_slot]]
+            previous_sorted[starts_slot] = np.where((heads > 0) & (heads <= firsts), heads, 0)
+            entries = np.empty(added, _ENTRY_DTYPE)
+            entries["key_hash"] = key_hashes
+            entries["physical_offset"] = physical_offsets
+            entries["time_diff"] = np.clip((store_timestamps - header.begin_timestamp) // 1000, 0, _INT_MAX)
+            entries["previous"][order] = previous_sorted
+            at = self._entries_at + count * ENTRY_BYTES
+            self.mm[at:at + added * ENTRY_BYTES] = entries.tobytes()
+            table[sorted_slots[ends_slot]] = numbers[order[ends_slot]]
+        finally:
+            del table          # release the mapping's buffer: it cannot close while exported
+        _COUNT.pack_into(self.mm, _COUNT_AT, count + added)
+        header.hash_slot_count += added
+        header.index_count = count + added
+        header.end_physical_offset = int(physical_offsets[-1])
+        header.end_timestamp = int(store_timestamps[-1])
 
     def write_header(self, *, lowering_count: bool = False) -> None:
         """Write the header fields. The count on disk only grows unless ``lowering_count``:
@@ -374,14 +432,16 @@ class IndexService:
             invariant(index_file.put(key_hash, physical_offset, store_timestamp), "fresh index file takes a key")
         self.dirty = True
 
-    def put_many(self, entries: list[tuple[int, int, int]]) -> None:
-        """Add (key hash, offset, store time) entries in order, opening new files as they fill."""
+    def put_many(self, key_hashes: Sequence[int], physical_offsets: Sequence[int],
+                 store_timestamps: Sequence[int]) -> None:
+        """Add entries (columns: key hash, offset, store time; lists or int64 arrays) in
+        order, opening new files as they fill."""
         index = 0
-        while index < len(entries):
+        while index < len(key_hashes):
             index_file = self.files[-1] if self.files else None
             if index_file is None or index_file.is_full:
                 index_file = self._writable(time.time_ns() // 1_000_000)
-            index = index_file.put_many(entries, index)
+            index = index_file.put_many(key_hashes, physical_offsets, store_timestamps, index)
         self.dirty = True
 
     def candidates(self, key_hash: int, begin_ms: int, end_ms: int):
