@@ -305,7 +305,9 @@ class MessageStore:
         if self._write_state_stale:
             self.catch_up_for_writes()
         results = self.commit_log.append(written) if written else []
-        self.dispatcher.wake.set()
+        wake = self.dispatcher.wake
+        if not wake.is_set():   # set and not yet cleared: the dispatcher's next pass sees these
+            wake.set()
         if refused:
             # put each refusal back in its message's place
             outcomes = iter(results)
