@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from store.errors import invariant
+
 from . import protocol
 from .config import split_address
 from .errors import (AuthError, ConnectionLostError, FrameError, NotMasterError, RequestError, RequestTimeoutError,
@@ -32,6 +34,7 @@ from .server import auth_digest
 RECEIVE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_MS = 5_000
 REQUEST_TIMEOUT_MS = 30_000
+SEND_TIMEOUT_MS = 30_000    # to write one request frame (a node that stops reading)
 RETRYABLE_CODES = ("NOT_MASTER", "SYSTEM_BUSY", "SERVICE_NOT_AVAILABLE")
 
 
@@ -176,19 +179,38 @@ class Connection:
         return self.closed_error is not None
 
     async def submit(self, code: RequestCode, **fields) -> _Pending:
-        """Send one request; returns its pending reply. Raises ConnectionLostError if not sent."""
+        """Send one request; returns its pending reply. Raises ConnectionLostError if not sent.
+
+        A frame is written whole or the connection fails: a write cut short would garble
+        every later frame, so the write is shielded from the caller's cancellation and
+        bounded by SEND_TIMEOUT_MS instead.
+        """
         if self.closed_error is not None:
             raise ConnectionLostError(f"connection to {self.address} is closed: {self.closed_error}")
         opaque = self._next_opaque
         self._next_opaque += 1
         frame = protocol.encode_frame({"code": int(code), "opaque": opaque, **fields})
+        if self._send_lock.locked():
+            await self._send_lock.acquire()   # a write is under way: queue behind it, in order
+        else:
+            self._send_lock.acquire_nowait()  # idle: no scheduling point before the write
         pending = self._pending[opaque] = _Pending(opaque)
         try:
-            async with self._send_lock:
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + SEND_TIMEOUT_MS / 1000
                 await self.stream.send_all(frame)
+            if scope.cancelled_caught:
+                self._fail_all(ConnectionLostError(f"connection to {self.address}: a request could not be "
+                                                   f"written within {SEND_TIMEOUT_MS} ms"))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
             self._fail_all(ConnectionLostError(f"connection to {self.address} lost while sending: {error}"))
+        finally:
+            self._send_lock.release()
         return pending
+
+    def forget(self, pending: _Pending) -> None:
+        """Stop waiting for ``pending``'s reply (answered, timed out or given up)."""
+        self._pending.pop(pending.opaque, None)
 
     async def request(self, code: RequestCode, reply_timeout_ms: int | None = REQUEST_TIMEOUT_MS, **fields) -> dict:
         """Send a request and wait for its SUCCESS reply (typed errors otherwise)."""
@@ -196,7 +218,7 @@ class Connection:
         try:
             return await pending.wait(reply_timeout_ms)
         finally:
-            self._pending.pop(pending.opaque, None)
+            self.forget(pending)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Read replies until the connection ends (run in a nursery; ``aclose`` stops it)."""
@@ -390,20 +412,48 @@ async def open_admin(address: str, *, secret: str | None = None):
 
 
 # --- producer ----------------------------------------------------------------------------
-class _SendSlot:
-    """One message waiting for its outcome."""
+class _Batch:
+    """Messages of one topic that travel in one request, and their outcome (one event for
+    the whole batch: a waiter wakes once, however many messages it holds)."""
 
-    __slots__ = ("message", "event", "result", "error")
+    __slots__ = ("topic", "messages", "size_bytes", "done", "results", "errors")
 
-    def __init__(self, message: OutgoingMessage) -> None:
-        self.message = message
-        self.event = trio.Event()
-        self.result: SendResult | None = None
-        self.error: Exception | None = None
+    def __init__(self, topic: str, messages: list[OutgoingMessage]) -> None:
+        self.topic = topic
+        self.messages = messages
+        self.size_bytes = sum(message.size_bytes for message in messages)
+        self.done = trio.Event()
+        self.results: list[SendResult] | None = None
+        self.errors: list[Exception] | None = None
 
-    def resolve(self, result: SendResult | None = None, error: Exception | None = None) -> None:
-        self.result, self.error = result, error
-        self.event.set()
+    def add(self, message: OutgoingMessage) -> int:
+        """Add a message; its index in the batch."""
+        self.messages.append(message)
+        self.size_bytes += message.size_bytes
+        return len(self.messages) - 1
+
+    def resolve(self, results: list[SendResult]) -> None:
+        self.results = results
+        self.done.set()
+
+    def fail(self, errors: list[Exception]) -> None:
+        """One error per message, in order."""
+        self.errors = errors
+        self.done.set()
+
+    def outcome(self, index: int) -> SendResult:
+        """Message ``index``'s SendResult, or its error raised; the batch must be done."""
+        invariant(self.done.is_set(), "a batch's outcome is read only once it is done")
+        if self.errors is not None:
+            raise self.errors[index]
+        return self.results[index]
+
+    def outcomes(self) -> list[SendResult]:
+        """Every message's SendResult, or the first message's error raised."""
+        invariant(self.done.is_set(), "a batch's outcome is read only once it is done")
+        if self.errors is not None:
+            raise self.errors[0]
+        return self.results
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,12 +463,19 @@ class ProducerStatistics:
     unknown_messages: int
     batches: int
     retries: int
+    sent_at_once: int   # batches sent from the caller's task, without the batching tasks
 
 
 class Producer:
     """Batches messages per topic (by count, bytes and linger), pipelines batches on one
     connection (at most ``in_flight_max`` unanswered), and retries only what was surely
-    not written. Batches leave in the order they were closed."""
+    not written. Batches leave in the order they were closed.
+
+    Fast path: a ``send`` to a topic with no open batch and no request in flight, or a
+    ``send_batch``, while no closed batch waits to leave and the in-flight window has room,
+    is sent from the caller's own task at once, with no linger and no hop through the
+    batching tasks; concurrent sends to a busy topic still gather into batches.
+    """
 
     def __init__(self, bootstrap: str, nursery: trio.Nursery, *, secret: str | None = None,
                  batch_count_max: int = 64, batch_bytes_max: int = 1024 * 1024, linger_ms: float = 2,
@@ -437,35 +494,48 @@ class Producer:
         self.request_timeout_ms = request_timeout_ms
         self.in_flight_max = in_flight_max
         self._in_flight = trio.Semaphore(in_flight_max)
-        self._open: dict[str, list[_SendSlot]] = {}
-        self._open_bytes: dict[str, int] = {}
-        self._send_batches, self._batches = trio.open_memory_channel[tuple[str, list[_SendSlot]]](in_flight_max)
+        self._open: dict[str, _Batch] = {}
+        self._send_batches, self._batches = trio.open_memory_channel[_Batch](in_flight_max)
+        self._closed_unsent = 0                # batches closed whose request has not left yet
+        self._topics_in_flight: dict[str, int] = {}
+        self._closing = False
         self._connection: Connection | None = None
         self._connect_lock = trio.Lock()
-        self._sent = self._failed = self._unknown = self._batch_count = self._retries = 0
+        self._sent = self._failed = self._unknown = self._batch_count = self._retries = self._at_once = 0
 
     def statistics(self) -> ProducerStatistics:
-        return ProducerStatistics(self._sent, self._failed, self._unknown, self._batch_count, self._retries)
+        return ProducerStatistics(self._sent, self._failed, self._unknown, self._batch_count, self._retries,
+                                  self._at_once)
 
     # --- public --------------------------------------------------------------------------
     async def send(self, topic: str, body: bytes, *, keys=(), tags: str | None = None,
                    properties: dict[str, str] | None = None, queue_id: int | None = None) -> SendResult:
         """Send one message (batched with others); its SendResult, or UnknownOutcomeError / RequestError."""
-        slot = _SendSlot(OutgoingMessage(body, tuple(keys), tags, dict(properties or {}), queue_id))
-        batch = self._open.setdefault(topic, [])
-        batch.append(slot)
-        self._open_bytes[topic] = self._open_bytes.get(topic, 0) + slot.message.size_bytes
-        if len(batch) == 1:
-            self._nursery.start_soon(self._linger, topic, batch)
-        if len(batch) >= self.batch_count_max or self._open_bytes[topic] >= self.batch_bytes_max:
+        message = OutgoingMessage(body, tuple(keys), tags, dict(properties or {}), queue_id)
+        batch = self._open.get(topic)
+        if batch is None and not self._topics_in_flight.get(topic) and self._may_send_at_once():
+            batch = _Batch(topic, [message])
+            await self._send_at_once(batch)
+            return batch.outcome(0)
+        if batch is None:
+            batch = self._open[topic] = _Batch(topic, [])
+            self._nursery.start_soon(self._linger, batch)
+        index = batch.add(message)
+        if len(batch.messages) >= self.batch_count_max or batch.size_bytes >= self.batch_bytes_max:
             await self._close_batch(topic)
-        return await self._outcome(slot)
+        await batch.done.wait()
+        return batch.outcome(index)
 
     async def send_batch(self, topic: str, messages: list[OutgoingMessage]) -> list[SendResult]:
-        """Send these messages as one frame (no linger); one SendResult each, in order."""
-        slots = [_SendSlot(message) for message in messages]
-        await self._send_batches.send((topic, slots))
-        return [await self._outcome(slot) for slot in slots]
+        """Send these messages as one frame (no linger); one SendResult each, in order (the
+        first message's error raised if the batch failed)."""
+        batch = _Batch(topic, list(messages))
+        if self._may_send_at_once():
+            await self._send_at_once(batch)
+        else:
+            await self._enqueue(batch)
+            await batch.done.wait()
+        return batch.outcomes()
 
     async def flush(self) -> None:
         """Close every open batch now."""
@@ -473,73 +543,102 @@ class Producer:
             await self._close_batch(topic)
 
     # --- batching ------------------------------------------------------------------------
-    async def _linger(self, topic: str, batch: list[_SendSlot]) -> None:
+    def _may_send_at_once(self) -> bool:
+        # nothing closed before waits to leave (batches leave in the order they were
+        # closed) and the in-flight window has room (so taking a slot never waits)
+        return self._closed_unsent == 0 and self._in_flight.value > 0 and not self._closing
+
+    async def _send_at_once(self, batch: _Batch) -> None:
+        self._in_flight.acquire_nowait()
+        self._closed_unsent += 1
+        self._at_once += 1
+        await self._send_with_retries(batch)
+
+    async def _linger(self, batch: _Batch) -> None:
         await trio.sleep(self.linger_ms / 1000)
-        if self._open.get(topic) is batch:
-            await self._close_batch(topic)
+        if self._open.get(batch.topic) is batch:
+            await self._close_batch(batch.topic)
 
     async def _close_batch(self, topic: str) -> None:
         batch = self._open.pop(topic, None)
-        self._open_bytes.pop(topic, None)
-        if batch:
-            await self._send_batches.send((topic, batch))
+        if batch is not None and batch.messages:
+            await self._enqueue(batch)
 
-    @staticmethod
-    async def _outcome(slot: _SendSlot) -> SendResult:
-        await slot.event.wait()
-        if slot.error is not None:
-            raise slot.error
-        return slot.result
+    async def _enqueue(self, batch: _Batch) -> None:
+        self._closed_unsent += 1
+        try:
+            await self._send_batches.send(batch)
+        except BaseException:
+            self._closed_unsent -= 1
+            raise
 
     # --- sending -------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Send closed batches in order (run in the producer's nursery)."""
         task_status.started()
         async with self._batches:
-            async for topic, slots in self._batches:
+            async for batch in self._batches:
                 await self._in_flight.acquire()
-                self._nursery.start_soon(self._send_with_retries, topic, slots)
+                self._nursery.start_soon(self._send_with_retries, batch)
 
     async def _current_connection(self) -> Connection:
+        connection = self._connection
+        if connection is not None and not connection.closed and not self._connect_lock.locked():
+            return connection
         async with self._connect_lock:
             if self._connection is None or self._connection.closed:
                 self._connection = await connect(self.address, self._nursery, secret=self._secret)
             return self._connection
 
-    async def _send_with_retries(self, topic: str, slots: list[_SendSlot]) -> None:
+    async def _send_with_retries(self, batch: _Batch) -> None:
+        """Send ``batch`` (holding an in-flight slot, counted in ``_closed_unsent``) and
+        resolve it; retries only refusals that were surely not written."""
+        topic = batch.topic
+        self._topics_in_flight[topic] = self._topics_in_flight.get(topic, 0) + 1
+        unsent = True
         try:
             self._batch_count += 1
-            wire = [slot.message.to_wire() for slot in slots]
+            wire = [message.to_wire() for message in batch.messages]
             for attempt in range(self.retries_max + 1):
                 try:
                     connection = await self._current_connection()
                 except ConnectionLostError as error:
                     if attempt == self.retries_max:
-                        self._fail(slots, error)
+                        self._fail(batch, error)
                         return
                     await self._back_off(attempt)
                     continue  # nothing was sent: safe to retry
                 pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire)
+                if unsent:
+                    unsent = False
+                    self._closed_unsent -= 1
                 try:
                     reply = await pending.wait(self.request_timeout_ms)
                 except (ConnectionLostError, RequestTimeoutError) as error:
-                    self._unknown += len(slots)
-                    for slot in slots:
-                        slot.resolve(error=UnknownOutcomeError(
-                            f"send to {connection.address} has an unknown outcome ({error}); "
-                            f"query key {slot.message.uniq_key} to find out", [s.message.uniq_key for s in slots]))
+                    self._unknown_outcome(batch, connection.address, str(error))
                     return
                 except RequestError as error:
                     if error.code not in RETRYABLE_CODES or attempt == self.retries_max:
-                        self._fail(slots, error)
+                        self._fail(batch, error)
                         return
                     if isinstance(error, NotMasterError) and error.master_address:
                         await self._switch_to(error.master_address)
                     await self._back_off(attempt)
                     continue  # refused before any write: safe to retry
-                self._resolve(slots, reply["results"])
+                except trio.Cancelled:
+                    # the caller gave up (fast path): the request left, so its outcome is unknown
+                    self._unknown_outcome(batch, connection.address, "the sending task was cancelled")
+                    raise
+                finally:
+                    connection.forget(pending)
+                self._resolve(batch, reply["results"])
                 return
         finally:
+            if unsent:
+                self._closed_unsent -= 1
+            self._topics_in_flight[topic] -= 1
+            if not self._topics_in_flight[topic]:
+                del self._topics_in_flight[topic]
             self._in_flight.release()
 
     async def _switch_to(self, address: str) -> None:
@@ -553,23 +652,32 @@ class Producer:
         self._retries += 1
         await trio.sleep(self.retry_backoff_ms * (2 ** attempt) / 1000)
 
-    def _fail(self, slots: list[_SendSlot], error: Exception) -> None:
-        self._failed += len(slots)
-        for slot in slots:
-            slot.resolve(error=error)
+    def _fail(self, batch: _Batch, error: Exception) -> None:
+        self._failed += len(batch.messages)
+        batch.fail([error] * len(batch.messages))
 
-    def _resolve(self, slots: list[_SendSlot], results: list[dict]) -> None:
-        for slot, item in zip(slots, results):
-            result = SendResult(item["status"], item["queue_id"], item["queue_offset"], item["physical_offset"],
-                                item["message_id"], slot.message.uniq_key, item.get("reason", ""))
-            if result.ok:
+    def _unknown_outcome(self, batch: _Batch, address: str, why: str) -> None:
+        self._unknown += len(batch.messages)
+        keys = [message.uniq_key for message in batch.messages]
+        batch.fail([UnknownOutcomeError(f"send to {address} has an unknown outcome ({why}); "
+                                        f"query key {message.uniq_key} to find out", keys)
+                    for message in batch.messages])
+
+    def _resolve(self, batch: _Batch, results: list[dict]) -> None:
+        outcomes = []
+        for message, item in zip(batch.messages, results):
+            status = item["status"]
+            outcomes.append(SendResult(status, item["queue_id"], item["queue_offset"], item["physical_offset"],
+                                       item["message_id"], message.uniq_key, item.get("reason", "")))
+            if status == "PUT_OK":
                 self._sent += 1
             else:
                 self._failed += 1
-            slot.resolve(result)
+        batch.resolve(outcomes)
 
     async def aclose(self) -> None:
         await self.flush()
+        self._closing = True
         await self._send_batches.aclose()
         if self._connection is not None:
             # wait for the answers in flight before closing their connection

@@ -2,10 +2,16 @@
 in handlers.py; this module only moves frames.
 
 Per connection: a reader task decodes frames and hands each to the handlers, in arrival
-order; replies that take time (long polls, sync flush) run as tasks of the connection's
-nursery, bounded by ``in_flight_requests_max``; one writer task sends replies as they
-come, joining whatever is ready into one write. A broken frame gets an error reply and
-the connection closes; a peer that vanishes only ends its own connection.
+order. Replies the handlers give at once (a send under async flush and replication,
+queries, status) are joined per read and written by the reader itself when no other
+write is under way, so a request's reply leaves before the reader does anything else;
+when a write is under way they go to the connection's writer task, which joins whatever
+is queued into one write. Replies that take time (long polls, sync flush, sync
+replication) run as tasks of the connection's nursery, bounded by
+``in_flight_requests_max``, and write the same way. Replies carry their request's opaque
+and may leave in any order. A broken frame gets an error reply, written after every reply
+queued before it, and the connection closes; a peer that vanishes only ends its own
+connection.
 """
 
 from __future__ import annotations
@@ -89,77 +95,59 @@ class ClientServer:
             early_frames = await self._authenticate(stream, decoder)
             if early_frames is None:
                 return
-        send_replies, replies = trio.open_memory_channel[bytes](self.config.in_flight_requests_max)
+        writer = ReplyWriter(stream, self.config.in_flight_requests_max)
         in_flight = trio.Semaphore(self.config.in_flight_requests_max)
         async with trio.open_nursery() as connection:
-            connection.start_soon(self._write_replies, stream, replies, connection.cancel_scope)
-            async with send_replies:
-                async with trio.open_nursery() as deferred:
-                    ending = await self._read_requests(stream, decoder, early_frames, send_replies, in_flight,
-                                                       deferred)
-                    if ending == "gone":
-                        connection.cancel_scope.cancel()
-                    elif ending == "broken":
-                        deferred.cancel_scope.cancel()  # the error reply goes out, then the connection closes
+            connection.start_soon(writer.run, connection.cancel_scope)
+            async with trio.open_nursery() as deferred:
+                ending = await self._read_requests(stream, decoder, early_frames, writer, in_flight, deferred)
+                if ending == "gone":
+                    connection.cancel_scope.cancel()
+                elif ending == "broken":
+                    deferred.cancel_scope.cancel()  # the error reply goes out, then the connection closes
             # "eof": the peer half-closed; the writer ends once every deferred reply is sent
+            writer.close()
 
-    async def _read_requests(self, stream, decoder: FrameDecoder, frames: list, send_replies,
+    async def _read_requests(self, stream, decoder: FrameDecoder, frames: list, writer: ReplyWriter,
                              in_flight: trio.Semaphore, deferred: trio.Nursery) -> str:
         """Hand frames to the handlers until the peer closes ("eof"), vanishes ("gone") or
         breaks the framing ("broken")."""
+        dispatch = self.handlers.dispatch
         while True:
+            replies = []
             for payload in frames:
-                outcome = self.handlers.dispatch(payload)
-                if isinstance(outcome, dict):
-                    try:
-                        await send_replies.send(_encode_reply(outcome))
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        return "gone"  # the writer stopped: the peer is gone
+                outcome = dispatch(payload)
+                if type(outcome) is dict:
+                    replies.append(_encode_reply(outcome))
                 else:
                     await in_flight.acquire()
-                    deferred.start_soon(self._run_deferred, outcome, send_replies.clone(), in_flight)
-            if decoder.error is not None:
-                self._frame_errors += 1
-                code = ResponseCode.FRAME_TOO_LARGE if isinstance(decoder.error, protocol.FrameTooLarge) \
-                    else ResponseCode.BAD_FRAME
-                try:
-                    await send_replies.send(protocol.encode_frame(protocol.error_reply(None, code,
-                                                                                       str(decoder.error))))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return "gone"
-                return "broken"
+                    deferred.start_soon(self._run_deferred, outcome, writer, in_flight)
             try:
+                if replies:
+                    await writer.write(replies[0] if len(replies) == 1 else b"".join(replies))
+                if decoder.error is not None:
+                    self._frame_errors += 1
+                    code = ResponseCode.FRAME_TOO_LARGE if isinstance(decoder.error, protocol.FrameTooLarge) \
+                        else ResponseCode.BAD_FRAME
+                    await writer.write_last(protocol.encode_frame(protocol.error_reply(None, code,
+                                                                                       str(decoder.error))))
+                    return "broken"
                 data = await stream.receive_some(RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return "gone"
+                return "gone"  # the peer is gone (or the writer stopped because it is)
             if not data:
                 return "eof"
             frames = decoder.feed(data)
 
-    async def _run_deferred(self, deferred, send_replies, in_flight: trio.Semaphore) -> None:
-        async with send_replies:
-            try:
-                reply = await deferred()
-            finally:
-                in_flight.release()
-            try:
-                await send_replies.send(_encode_reply(reply))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-
-    async def _write_replies(self, stream, replies, connection_scope: trio.CancelScope) -> None:
-        async with replies:
-            try:
-                async for frame in replies:
-                    batch = [frame]
-                    while len(batch) < WRITE_BATCH_FRAMES_MAX:
-                        try:
-                            batch.append(replies.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                    await stream.send_all(b"".join(batch))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                connection_scope.cancel()  # cannot answer any more: stop reading too
+    async def _run_deferred(self, deferred, writer: ReplyWriter, in_flight: trio.Semaphore) -> None:
+        try:
+            reply = await deferred()
+        finally:
+            in_flight.release()
+        try:
+            await writer.write(_encode_reply(reply))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the reader sees the peer gone too and ends the connection
 
     async def _authenticate(self, stream, decoder: FrameDecoder) -> list | None:
         """Send a nonce; the first frame back must be AUTH with HMAC-SHA256(secret, nonce).
@@ -201,6 +189,56 @@ class ClientServer:
             return None
         await stream.send_all(_encode_reply(protocol.reply(opaque, authenticated=True)))
         return frames[1:]
+
+
+class ReplyWriter:
+    """Writes one connection's replies: at once from the task that has them while the
+    stream is idle, else through a bounded queue that ``run`` (the writer task) drains,
+    joining what is queued into one write. One write at a time, whoever makes it."""
+
+    def __init__(self, stream: trio.abc.Stream, queued_max: int) -> None:
+        self.stream = stream
+        self._writing = trio.Lock()
+        self._queue_in, self._queue_out = trio.open_memory_channel[bytes](queued_max)
+
+    async def write(self, data: bytes) -> None:
+        """Write ``data`` now if no write is under way, else queue it (waiting while the queue
+        is full). BrokenResourceError / ClosedResourceError once the peer is gone."""
+        if self._writing.locked():
+            await self._queue_in.send(data)
+            return
+        # acquire_nowait rather than ``async with``: no scheduling point before the write,
+        # so the reply leaves before anything else (another task, the store's dispatcher
+        # thread taking the GIL at the next system call) gets in between
+        self._writing.acquire_nowait()
+        try:
+            await self.stream.send_all(data)
+        finally:
+            self._writing.release()
+
+    async def write_last(self, data: bytes) -> None:
+        """Queue ``data`` behind every reply queued so far (the error before a close)."""
+        await self._queue_in.send(data)
+
+    def close(self) -> None:
+        """No more replies: ``run`` ends once the queue is written."""
+        self._queue_in.close()
+
+    async def run(self, connection_scope: trio.CancelScope) -> None:
+        """Drain the queue until ``close``; a broken stream cancels ``connection_scope``."""
+        async with self._queue_out:
+            try:
+                async for frame in self._queue_out:
+                    batch = [frame]
+                    while len(batch) < WRITE_BATCH_FRAMES_MAX:
+                        try:
+                            batch.append(self._queue_out.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    async with self._writing:
+                        await self.stream.send_all(b"".join(batch))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                connection_scope.cancel()  # cannot answer any more: stop reading too
 
 
 def _encode_reply(reply: dict) -> bytes:

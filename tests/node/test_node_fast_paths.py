@@ -1,0 +1,184 @@
+"""The latency fast paths: replies written by the reader when the stream is idle (and queued
+for the writer task when it is not), long polls interleaved with inline replies on one
+connection, and the Producer sending from the caller's task when nothing else is pending,
+while concurrent sends still gather into batches and unknown outcomes stay unknown."""
+
+from functools import partial
+
+import pytest
+import trio
+import trio.testing
+
+from node.client import OutgoingMessage, open_producer
+from node.errors import UnknownOutcomeError
+from node.protocol import FrameDecoder, RequestCode
+from node.server import ReplyWriter
+
+
+class GatedStream(trio.abc.SendStream):
+    """A send stream whose first write waits for ``gate``: a write under way, on demand."""
+
+    def __init__(self) -> None:
+        self.gate = trio.Event()
+        self.started: list[bytes] = []
+        self.written: list[bytes] = []
+
+    async def send_all(self, data) -> None:
+        self.started.append(bytes(data))
+        if len(self.started) == 1:
+            await self.gate.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+        self.written.append(bytes(data))
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+@pytest.mark.trio
+async def test_an_idle_stream_is_written_by_the_caller_itself():
+    stream = GatedStream()
+    stream.gate.set()
+    writer = ReplyWriter(stream, 4)
+    await writer.write(b"reply")      # no writer task runs: the caller wrote it
+    assert stream.written == [b"reply"]
+
+
+@pytest.mark.trio
+async def test_replies_queue_behind_a_write_under_way_and_the_writer_task_sends_them():
+    stream = GatedStream()
+    writer = ReplyWriter(stream, 4)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run, nursery.cancel_scope)
+        nursery.start_soon(writer.write, b"first")
+        await trio.testing.wait_all_tasks_blocked()
+        assert stream.started == [b"first"] and stream.written == []
+        await writer.write(b"second")  # returns at once: queued, not written
+        await writer.write_last(b"last")
+        assert stream.written == []
+        stream.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert b"".join(stream.written) == b"firstsecondlast"
+        writer.close()  # the writer task ends once its queue is written
+
+
+@pytest.mark.trio
+async def test_inline_replies_interleave_with_a_long_poll_on_one_connection(memory_node):
+    memory_node.wire_dispatcher()
+    async with trio.open_nursery() as nursery:
+        connection = await memory_node.connect(nursery)
+        await connection.request(RequestCode.TOPIC_CREATE, topic="polled", queue_count=1)
+        await connection.request(RequestCode.TOPIC_CREATE, topic="other", queue_count=1)
+        polls = []
+
+        async def park():
+            polls.append(await connection.request(RequestCode.PULL, topic="polled", queue_id=0, offset=0,
+                                                  timeout_ms=20_000))
+        nursery.start_soon(park)
+        with trio.fail_after(5):
+            while memory_node.handlers.waiters.waiting == 0:
+                await trio.sleep(0.001)
+        # pipelined requests on the same connection are answered while the poll waits
+        pendings = [await connection.submit(RequestCode.SEND, topic="other", messages=[{"body": b"%d" % i}])
+                    for i in range(20)]
+        pendings.append(await connection.submit(RequestCode.STATUS))
+        with trio.fail_after(5):
+            replies = [await pending.wait() for pending in pendings]
+        assert [r["results"][0]["queue_offset"] for r in replies[:20]] == list(range(20))
+        assert replies[20]["long_polls_waiting"] == 1 and polls == []
+        await connection.request(RequestCode.SEND, topic="polled", messages=[{"body": b"wake"}])
+        with trio.fail_after(5):
+            while not polls:
+                await trio.sleep(0.001)
+        assert [m["body"] for m in polls[0]["messages"]] == [b"wake"]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_sequential_producer_sends_each_message_at_once(node):
+    async with open_producer(node.client_address, linger_ms=1_000) as producer:
+        with trio.fail_after(10):  # a linger of 1 s on each of 5 sends would miss this
+            results = [await producer.send("alone", b"%d" % i, queue_id=0) for i in range(5)]
+            batch = await producer.send_batch("alone", [OutgoingMessage(b"b%d" % i, queue_id=0) for i in range(3)])
+        stats = producer.statistics()
+    assert [r.queue_offset for r in results + batch] == list(range(8))
+    assert stats.batches == 6 and stats.sent_at_once == 6 and stats.sent_messages == 8
+
+
+@pytest.mark.trio
+async def test_concurrent_sends_to_a_busy_topic_still_gather_into_batches(node):
+    async with open_producer(node.client_address, batch_count_max=49, linger_ms=60_000) as producer:
+        results = []
+
+        async def one(i: int) -> None:
+            results.append(await producer.send("busy", b"%d" % i, queue_id=0))
+        with trio.fail_after(10):  # the count closes the batch, never the minute of linger
+            async with trio.open_nursery() as nursery:
+                for i in range(50):
+                    nursery.start_soon(one, i)
+        stats = producer.statistics()
+    # the first goes at once; the 49 that find its request in flight fill one batch
+    assert len(results) == 50 and all(r.ok for r in results)
+    assert stats.batches == 2 and stats.sent_at_once == 1
+    assert sorted(r.queue_offset for r in results) == list(range(50))
+
+
+async def _swallow(stream, received: list, *, close: bool) -> None:
+    """A fake node: reads one request and never answers it; then closes the connection, or
+    holds it open until cancelled."""
+    decoder = FrameDecoder()
+    frames: list = []
+    while not frames:
+        data = await stream.receive_some(65536)
+        if not data:
+            return
+        frames = decoder.feed(data)
+    received.extend(frames)
+    if not close:
+        await trio.sleep_forever()
+    await stream.aclose()
+
+
+async def _fake_node(nursery: trio.Nursery, received: list, *, close: bool) -> str:
+    listeners = await nursery.start(partial(trio.serve_tcp, lambda s: _swallow(s, received, close=close), 0,
+                                             host="127.0.0.1"))
+    return "127.0.0.1:%d" % listeners[0].socket.getsockname()[1]
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("how", ["send", "send_batch"])
+async def test_a_request_that_left_without_a_reply_is_an_unknown_outcome_never_retried(how):
+    received: list = []
+    async with trio.open_nursery() as nursery:
+        address = await _fake_node(nursery, received, close=True)
+        async with open_producer(address, retries_max=3, retry_backoff_ms=1) as producer:
+            with pytest.raises(UnknownOutcomeError) as caught:
+                if how == "send":
+                    await producer.send("lost", b"maybe")
+                else:
+                    await producer.send_batch("lost", [OutgoingMessage(b"maybe"), OutgoingMessage(b"maybe too")])
+            stats = producer.statistics()
+        nursery.cancel_scope.cancel()
+    sent_keys = [m["properties"]["UNIQ_KEY"] for m in received[0]["messages"]]
+    assert caught.value.uniq_keys == sent_keys and sent_keys[0] in str(caught.value)
+    assert len(received) == 1 and stats.retries == 0
+    assert stats.unknown_messages == len(sent_keys) and stats.sent_messages == stats.failed_messages == 0
+
+
+@pytest.mark.trio
+async def test_a_caller_cancelled_while_waiting_leaves_its_send_unknown():
+    received: list = []
+    async with trio.open_nursery() as nursery:
+        address = await _fake_node(nursery, received, close=False)
+        async with open_producer(address, request_timeout_ms=60_000) as producer:
+            with trio.move_on_after(0.5) as waited:
+                await producer.send("t", b"sent, then the caller gave up")
+            stats = producer.statistics()
+            connection = producer._connection
+            assert waited.cancelled_caught and len(received) == 1
+            assert stats.unknown_messages == 1 and stats.sent_messages == stats.failed_messages == 0
+            assert connection is not None and connection._pending == {}  # its reply is no longer awaited
+        nursery.cancel_scope.cancel()
