@@ -59,6 +59,13 @@ class PullWaiters:
             event = self._events[key] = trio.Event()
         return event
 
+    def any_waiting(self, queues) -> bool:
+        """Whether a long poll waits on one of ``queues``. Safe from another thread: it only
+        reads the table. A long poll parks before it looks at its queue, so a message
+        dispatched after that look finds the waiter here."""
+        events = self._events
+        return any(key in events for key in queues)
+
     def notify(self, grown_queues) -> None:
         for key in grown_queues:
             event = self._events.pop(key, None)
@@ -315,10 +322,13 @@ class RequestHandlers:
             try:
                 with trio.move_on_after(timeout_ms / 1000):
                     while True:
-                        await self.waiters.event_for(topic, queue_id).wait()
+                        # park first, then look: a message dispatched in between is either
+                        # seen here or wakes the event (the dispatcher checks for waiters)
+                        event = self.waiters.event_for(topic, queue_id)
                         result = self._pull_once(topic, queue_id, offset, max_count, max_bytes)
                         if result["messages"]:
                             return result
+                        await event.wait()
                 return self._pull_once(topic, queue_id, offset, max_count, max_bytes)
             finally:
                 self.waiters.waiting -= 1

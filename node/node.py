@@ -120,8 +120,9 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
         server_box.append(server)
 
         def on_dispatch(dispatched_offset: int, grown_queues: set) -> None:
-            # dispatcher thread: hand over without blocking it (shutdown joins this thread)
-            if grown_queues:
+            # dispatcher thread: hand over without blocking it (shutdown joins this thread),
+            # and only when a long poll waits on a grown queue: a hand-over wakes trio's loop
+            if grown_queues and handlers.waiters.any_waiting(grown_queues):
                 try:
                     token.run_sync_soon(handlers.waiters.notify, grown_queues)
                 except trio.RunFinishedError:

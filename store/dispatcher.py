@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from typing import Callable
 
 from . import codec
@@ -104,8 +105,9 @@ class Dispatcher:
     """Builds the indexes from the CommitLog, synchronously (``dispatch_available``) or on a thread."""
 
     def __init__(self, commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService,
-                 batch_bytes_max: int) -> None:
+                 batch_bytes_max: int, interval_s: float = 0.0) -> None:
         self.commit_log = commit_log
+        self.interval_s = interval_s
         self.queues = queues
         self.index = index
         self.batch_bytes_max = batch_bytes_max
@@ -189,7 +191,10 @@ class Dispatcher:
 
     def _run(self) -> None:
         while not self._stopping:
-            self.wake.wait(0.05)
+            if self.wake.wait(0.05) and self.interval_s and not self._stopping:
+                # the writes of the next interval join this pass (writers see the wake
+                # still set and skip setting it): one GIL hand-over instead of one per write
+                time.sleep(self.interval_s)
             self.wake.clear()
             try:
                 while not self._stopping and self.dispatch_available():

@@ -99,7 +99,8 @@ class MessageStore:
                                     config.store_host, preallocate=config.preallocate_next_segment)
         self.queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), config.consume_queue_entries_per_file)
         self.index = IndexService(os.path.join(root, "index"), config.index_hash_slots, config.index_max_entries)
-        self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index, config.dispatch_batch_bytes_max)
+        self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index, config.dispatch_batch_bytes_max,
+                                     config.dispatch_interval_ms / 1000)
         self.checkpoint: Checkpoint | None = None
         self.flusher: FlushService | None = None
         self.retention: Retention | None = None
