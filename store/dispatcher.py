@@ -4,7 +4,8 @@ It reads the CommitLog from ``dispatched_offset`` up to the writer's ``max_offse
 bounded passes, appends one ConsumeQueue entry per message (packed per queue, one copy per
 queue per pass) and one IndexFile entry per KEYS word and per UNIQ_KEY, then advances
 ``dispatched_offset`` and tells listeners which queues grew (long polling waits on that).
-Consumers see a message only once it is dispatched.
+Consumers see a message only once it is dispatched. On its thread, a wake from a write is
+followed by ``dispatch_interval_ms`` of waiting, so the writes of that time share a pass.
 
 A pass walks record boundaries here and leaves the rest to ``dispatch_batch``: a few
 records are parsed one by one, a large pass (catching up) with numpy in one go.
