@@ -10,10 +10,18 @@ start exactly at the log's end, carry the CRC it claims and lie inside one of th
 epochs; the first frame of a new epoch records that epoch (durably) before its bytes are
 written. The store's own dispatcher builds ConsumeQueue and IndexFile from the bytes.
 
+Frames are received and applied by two tasks, so that the next frame arrives while the
+last one is written (a write is a page-cache copy in a worker thread, which releases the
+GIL): the receiver reads a frame into a free buffer of a small pool, checks it (CRC,
+offset right after the frames before it, inside one epoch) and hands it over; the
+applier records a new epoch if needed, appends at the log's end (checked again there),
+acks and returns the buffer. The pool bounds the frames in flight and the memory.
+
 Any failure ends the session (nothing partial is applied: a frame is checked whole before
-``append_replicated``) and the client reconnects after a bounded, jittered backoff that
-resets once a session streams. Cancelling the client waits for an append in progress,
-so once ``stop`` returns the log no longer moves.
+``append_replicated``, and frames received behind a failure are dropped unwritten) and the
+client reconnects after a bounded, jittered backoff that resets once a session streams.
+Cancelling the client waits for an append in progress, so once ``stop`` returns the log
+no longer moves.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ from .transport import StreamReader
 log = logging.getLogger(__name__)
 
 INLINE_APPEND_BYTES_MAX = 256 * 1024   # smaller frames are written inline, larger in a thread
+# frame buffers of DATA_FRAME_BYTES_MAX each: one being written, one being received, one
+# spare so that the receiver need not wait for the applier to take its last frame
+FRAME_BUFFERS = 3
 # what ends a session without being a bug: the client reconnects after a backoff
 SESSION_FAILURES = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                     ReplicationError, StoreError)
@@ -160,9 +171,14 @@ class HAClient:
         await stream.send_all(protocol.ack(self.store.max_physical_offset))
         log.info("following master %s (epoch %d) from %d", welcome.node_id, welcome.epoch,
                  self.store.max_physical_offset)
+        free_buffers_in, free_buffers = trio.open_memory_channel(FRAME_BUFFERS)
+        for _ in range(FRAME_BUFFERS):
+            free_buffers_in.send_nowait(memoryview(bytearray(protocol.DATA_FRAME_BYTES_MAX)))
+        frames_in, frames = trio.open_memory_channel(FRAME_BUFFERS)  # bounded by the buffers anyway
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._send_acks, stream)
-            await self._apply_frames(reader, welcome)
+            nursery.start_soon(self._apply_frames, frames, free_buffers_in)
+            await self._receive_frames(reader, welcome, frames_in, free_buffers)
 
     async def _handshake(self, stream, reader: StreamReader) -> Welcome:
         hello = Hello.decode(await reader.control())
@@ -206,38 +222,55 @@ class HAClient:
         if (resync.kind is ResyncKind.RESET or resync.offset < end) and self.on_truncated is not None:
             self.on_truncated(store.max_physical_offset)
 
-    async def _apply_frames(self, reader: StreamReader, welcome: Welcome) -> None:
-        store = self.store
+    async def _receive_frames(self, reader: StreamReader, welcome: Welcome, frames: trio.MemorySendChannel,
+                              free_buffers: trio.MemoryReceiveChannel) -> None:
+        """Read data frames into free buffers, check them and hand them to the applier in order."""
         master_epochs = welcome.epochs
         timeout_s = self.settings.read_timeout_ms / 1000
+        expected = self.store.max_physical_offset  # where the next frame must start
+        buffer = None
         while True:
+            if buffer is None:
+                buffer = await free_buffers.receive()  # outside the read timeout: the disk may be slow
             with trio.move_on_after(timeout_s) as waited:
                 header = protocol.parse_data_header(await reader.exactly(protocol.DATA_HEADER.size))
-                data = await reader.exactly(header.size) if header.size else None
+                data = buffer[:header.size]
+                await reader.exactly_into(data)
             if waited.cancelled_caught:
                 raise HaProtocolError(f"nothing from the master for {self.settings.read_timeout_ms} ms")
-            if data is None:
+            if header.is_heartbeat:
                 self._master_max_offset = max(self._master_max_offset, header.offset)
                 continue
             protocol.check_data(header, data)
             offset = header.offset
-            if offset != store.max_physical_offset:
-                raise HaProtocolError(f"frame at {offset}, but this log ends at {store.max_physical_offset}")
+            if offset != expected:
+                raise HaProtocolError(f"frame at {offset}, but this log ends at {expected}")
             entry = epoch_at(master_epochs, offset)
             boundary = next_epoch_start(master_epochs, offset)
             if entry is None or (boundary is not None and offset + header.size > boundary):
                 raise HaProtocolError(f"frame [{offset}, {offset + header.size}) is not inside one master epoch")
+            await frames.send((offset, entry, data, buffer))
+            buffer = None
+            expected = offset + header.size
+            self._master_max_offset = max(self._master_max_offset, expected)
+
+    async def _apply_frames(self, frames: trio.MemoryReceiveChannel, free_buffers: trio.MemorySendChannel) -> None:
+        """Write checked frames at the log's end, in order; ack; give their buffers back."""
+        store = self.store
+        async for offset, entry, data, buffer in frames:
+            if offset != store.max_physical_offset:
+                raise HaProtocolError(f"frame at {offset}, but this log ends at {store.max_physical_offset}")
             if entry.epoch != self.epoch_file.last_epoch:
                 # the term is recorded before its first byte lands, so no byte is ever dated
                 # with an older term than the one that wrote it
                 await trio.to_thread.run_sync(self.epoch_file.append, entry.epoch, entry.start_offset)
-            if header.size > INLINE_APPEND_BYTES_MAX:
+            if len(data) > INLINE_APPEND_BYTES_MAX:
                 await trio.to_thread.run_sync(store.append_replicated, offset, data)
             else:
                 store.append_replicated(offset, data)
-            self._received_bytes += header.size
-            self._master_max_offset = max(self._master_max_offset, offset + header.size)
+            self._received_bytes += len(data)
             self._ack_wanted.set()
+            free_buffers.send_nowait(buffer)
 
     async def _send_acks(self, stream) -> None:
         """Ack the log's end after frames (coalesced) and at least every ``ack_interval_ms``."""

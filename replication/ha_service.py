@@ -6,11 +6,13 @@
     await service.wait_for_replicas(result.end_offset)    # a sync put; raises ReplicaWaitError
 
 Per slave connection: HELLO, the slave's authenticated HANDSHAKE, the WELCOME with the
-consistent point, then the slave's first ack (its log now ends there) and two tasks: a
-sender streaming the log from that offset in chunks of whole records (at most
-``chunk_bytes_max``, never across a segment or an epoch boundary; heartbeats when idle),
-and an ack reader feeding the ReplicaTracker. A slave that stops acking for
-``ack_timeout_ms`` is dropped; it reconnects when it can.
+consistent point, then the slave's first ack (its log now ends there) and three tasks: a
+log reader cutting the log from that offset into frames of whole records (at most
+``chunk_bytes_max``, never across a segment or an epoch boundary; views of the mapping,
+checksummed in a worker thread when large), a sender writing them to the socket while the
+reader prepares the next one (heartbeats when idle), and an ack reader feeding the
+ReplicaTracker. A slave that stops acking for ``ack_timeout_ms`` is dropped; it
+reconnects when it can.
 
 Sync puts park in a heap ordered by end offset and are released as acks move the
 replicated offset (see sync_state). One maintenance task keeps the sync-state set: laggards
@@ -44,9 +46,10 @@ from .transport import StreamReader
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
-INLINE_READ_BYTES_MAX = 256 * 1024    # smaller reads copy from the mapping inline, larger in a thread
+INLINE_READ_BYTES_MAX = 256 * 1024    # smaller frames are read and checksummed inline, larger in a thread
 COALESCE_SEND_BYTES_MAX = 64 * 1024   # header and bytes in one write below this
 IDLE_POLL_MS = 10                      # fallback when a writer did not call notify_appended
+FRAMES_READ_AHEAD = 1                  # frames read and checksummed while the one before is sent
 ACK_READER_BUFFER_BYTES = 64 * 1024
 WAITERS_MAX = 100_000
 ACCEPT_RETRY_S = 0.1
@@ -326,10 +329,15 @@ class HAService:
 
     async def _stream_log(self, stream, replica: ReplicaProgress, offset: int) -> None:
         """Send the log from ``offset`` for as long as the connection lives."""
+        frames_in, frames = trio.open_memory_channel(FRAMES_READ_AHEAD)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_log, offset, frames_in)
+            await self._send_frames(stream, replica, frames)
+
+    async def _read_log(self, offset: int, frames: trio.MemorySendChannel) -> None:
+        """Cut the log from ``offset`` into frames, in order, as it grows."""
         store = self.store
-        heartbeat_s = self.settings.heartbeat_interval_ms / 1000
         chunk_max = self.settings.chunk_bytes_max
-        last_sent = trio.current_time()
         while True:
             end = store.max_physical_offset
             if offset < end:
@@ -338,30 +346,43 @@ class HAService:
                 if boundary is not None:
                     limit = min(limit, boundary - offset)
                 if end - offset > INLINE_READ_BYTES_MAX:
-                    data = await trio.to_thread.run_sync(store.read_for_replication, offset, limit)
+                    header, data = await trio.to_thread.run_sync(self._read_frame, offset, limit)
                 else:
-                    data = store.read_for_replication(offset, limit)
-                if not data:
-                    raise HaProtocolError(f"no record at {offset} below the log's end {end}")
-                header = protocol.data_header(offset, data)
-                # before the send: the slave can apply and ack these bytes before send_all
-                # returns here, and an ack past sent_offset is a protocol error
-                replica.sent_offset = offset + len(data)
-                if len(data) <= COALESCE_SEND_BYTES_MAX:
-                    await stream.send_all(header + data)
-                else:
-                    await stream.send_all(header)
-                    await stream.send_all(data)
+                    header, data = self._read_frame(offset, limit)
+                await frames.send((offset, header, data))
                 offset += len(data)
-                last_sent = trio.current_time()
                 continue
             wake = self._appended
-            idle_s = min(IDLE_POLL_MS / 1000, max(0.0, last_sent + heartbeat_s - trio.current_time()))
-            with trio.move_on_after(idle_s):
+            with trio.move_on_after(IDLE_POLL_MS / 1000):
                 await wake.wait()
-            if trio.current_time() - last_sent >= heartbeat_s and store.max_physical_offset <= offset:
-                await stream.send_all(protocol.heartbeat(store.max_physical_offset))
-                last_sent = trio.current_time()
+
+    async def _send_frames(self, stream, replica: ReplicaProgress, frames: trio.MemoryReceiveChannel) -> None:
+        """Write frames to the slave; a heartbeat after ``heartbeat_interval_ms`` without one."""
+        heartbeat_s = self.settings.heartbeat_interval_ms / 1000
+        while True:
+            frame = None
+            with trio.move_on_after(heartbeat_s):
+                frame = await frames.receive()
+            if frame is None:
+                await stream.send_all(protocol.heartbeat(self.store.max_physical_offset))
+                continue
+            offset, header, data = frame
+            # before the send: the slave can apply and ack these bytes before send_all
+            # returns here, and an ack past sent_offset is a protocol error
+            replica.sent_offset = offset + len(data)
+            if len(data) <= COALESCE_SEND_BYTES_MAX:
+                await stream.send_all(header + data)
+            else:
+                await stream.send_all(header)
+                await stream.send_all(data)
+
+    def _read_frame(self, offset: int, limit: int) -> tuple[bytes, memoryview]:
+        """The data frame at ``offset``: its header (CRC included) and its bytes, a view of the
+        log's mapping (no copy; the CRC taken here is what the slave checks them against)."""
+        data = self.store.read_for_replication(offset, limit)
+        if not data:
+            raise HaProtocolError(f"no record at {offset} below the log's end {self.store.max_physical_offset}")
+        return protocol.data_header(offset, data), data
 
     async def _read_acks(self, reader: StreamReader, replica: ReplicaProgress, scope: trio.CancelScope) -> None:
         timeout_s = self.settings.ack_timeout_ms / 1000

@@ -168,19 +168,23 @@ class CommitLog:
         self.max_offset = position
         return index
 
-    def append_bytes(self, offset: int, data: bytes) -> None:
-        """Append raw records at exactly ``offset`` (replication). They must be whole records."""
+    def append_bytes(self, offset: int, data) -> None:
+        """Append raw records (bytes-like) at exactly ``offset`` (replication). They must be
+        whole records. Written with ``pwrite``, which releases the GIL (see MappedFile.write),
+        with the pages ahead brought in by the preallocator meanwhile."""
+        view = memoryview(data).cast("B")
         with self._write_lock:
             if offset != self.max_offset:
                 raise StoreError(f"append at {offset} but the commit log ends at {self.max_offset}")
             written = 0
-            while written < len(data):
+            while written < len(view):
                 segment = self._writable_segment()
                 position = self.max_offset - segment.start_offset
-                step = min(len(data) - written, segment.size - position)
-                segment.mm[position:position + step] = data[written:written + step]
+                step = min(len(view) - written, segment.size - position)
+                segment.write(position, view[written:written + step])
                 written += step
                 self.max_offset += step
+            self.segments.populate_ahead(self.max_offset)
 
     # --- flushing ------------------------------------------------------------------------
     def flush(self) -> int:

@@ -4,19 +4,27 @@
 
 Space is reserved with ``posix_fallocate`` when the file is created, so a full disk is an
 error at creation time (nothing written) rather than a SIGBUS in the middle of a message.
-Writes go into the mapping; ``flush`` is ``os.fdatasync`` on the file's descriptor, which
-releases the GIL (``mmap.flush`` does not).
+Writes go into the mapping, or, for large runs of bytes (replication), through ``write``
+(``os.pwrite`` into the same page cache the mapping shows); ``flush`` is ``os.fdatasync`` on
+the file's descriptor. Both release the GIL (``mmap.flush`` and slice assignment do not).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 import os
 
-from .errors import DiskFullError, StoreError
+from .errors import DiskFullError, StoreError, invariant
 
 NAME_DIGITS = 20
+# ``populate`` asks for read-ahead in steps the kernel takes whole: it cuts each request at
+# max(read_ahead_kb, max_sectors_kb) of the device's queue. Every step is a system call that
+# drops and retakes the GIL, so the steps are as large as the device allows (128 KiB, the
+# kernel's default read-ahead, when the device is unknown), up to a bound.
+POPULATE_STEP_BYTES_MIN = 128 * 1024
+POPULATE_STEP_BYTES_MAX = 8 * 1024 * 1024
 
 
 def file_name(start_offset: int) -> str:
@@ -33,7 +41,7 @@ def parse_file_name(name: str) -> int | None:
 class MappedFile:
     """A fixed-size mapped file. Positions are relative to the file; offsets are global."""
 
-    __slots__ = ("path", "start_offset", "size", "fd", "mm", "_closed")
+    __slots__ = ("path", "start_offset", "size", "fd", "mm", "_closed", "_populate_step_bytes")
 
     def __init__(self, path: str, start_offset: int, size: int, *, create: bool) -> None:
         self.path = path
@@ -50,6 +58,7 @@ class MappedFile:
                 raise StoreError(f"{path}: size {actual} bytes, expected {size}; "
                                  "the file was truncated or belongs to a store with other settings")
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._populate_step_bytes = _read_ahead_bytes(os.fstat(self.fd).st_dev)
         except BaseException:
             os.close(self.fd)
             if create:
@@ -57,17 +66,48 @@ class MappedFile:
             raise
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def end_offset(self) -> int:
         return self.start_offset + self.size
 
-    def populate(self) -> None:
-        """Bring the file's pages in ahead of the writer, so appends fault less.
+    def write(self, position: int, data) -> None:
+        """Copy ``data`` (bytes-like) into the file at ``position``: ``populate``, then ``os.pwrite``.
 
-        Read-ahead only (MADV_WILLNEED): a write-populate would dirty every page of the
-        segment at once, and the flusher would then write a whole segment of zeros back
-        while the writer stalls on pages under writeback.
+        For megabytes at a time (replication) this beats assigning through the mapping: the
+        GIL is released while the kernel copies, so the event loop keeps receiving, and the
+        pages are brought in by read-ahead and then filled, where a write through the
+        mapping takes a fault per 4 KiB page and a pwrite into pages not yet cached
+        allocates them one by one (measured here: ~1.5 GB/s against ~0.4 GB/s into a fresh
+        segment). The mapping shares the page cache, so readers of ``mm`` see the bytes as
+        soon as this returns.
         """
-        self.mm.madvise(mmap.MADV_WILLNEED)
+        view = memoryview(data).cast("B")
+        invariant(0 <= position and position + len(view) <= self.size,
+                  f"{self.path}: write of {len(view)} bytes at {position} is outside the file")
+        self.populate(position, position + len(view))
+        while view:
+            written = os.pwrite(self.fd, view, position)
+            view = view[written:]
+            position += written
+
+    def populate(self, start: int = 0, end: int | None = None) -> None:
+        """Bring the pages of [start, end) (default: the whole file) into the page cache.
+
+        Read-ahead only (POSIX_FADV_WILLNEED, in steps the kernel takes whole): over the
+        reserved, never-written extents of a fresh file it fills pages with zeros without
+        disk I/O, and they stay clean. A write-populate would dirty every page, and the
+        flusher would then write a whole segment of zeros back while the writer stalls on
+        pages under writeback. Pages already cached cost a look-up.
+        """
+        end = self.size if end is None else end
+        if self._closed or not hasattr(os, "posix_fadvise"):
+            return
+        step = self._populate_step_bytes
+        for step_start in range(start, end, step):
+            os.posix_fadvise(self.fd, step_start, min(step, end - step_start), os.POSIX_FADV_WILLNEED)
 
     def flush(self) -> None:
         """Make everything written so far durable."""
@@ -119,6 +159,26 @@ class MappedFile:
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path!r}, start={self.start_offset}, size={self.size})"
+
+
+@functools.lru_cache(maxsize=64)
+def _read_ahead_bytes(device: int) -> int:
+    """The largest read-ahead request the kernel takes whole for files on ``device``, within
+    [POPULATE_STEP_BYTES_MIN, POPULATE_STEP_BYTES_MAX]: max(read_ahead_kb, max_sectors_kb)
+    of the block queue of the device, or of the disk when the device is a partition."""
+    base = f"/sys/dev/block/{os.major(device)}:{os.minor(device)}"
+    for queue in (f"{base}/queue", f"{base}/../queue"):
+        try:
+            kib = max(_read_int(f"{queue}/read_ahead_kb"), _read_int(f"{queue}/max_sectors_kb"))
+        except (OSError, ValueError):
+            continue
+        return min(POPULATE_STEP_BYTES_MAX, max(POPULATE_STEP_BYTES_MIN, kib * 1024))
+    return POPULATE_STEP_BYTES_MIN  # not a block device (tmpfs, overlay, ...): the kernel's default
+
+
+def _read_int(path: str) -> int:
+    with open(path, encoding="ascii") as handle:
+        return int(handle.read())
 
 
 def _reserve(fd: int, size: int, path: str) -> None:

@@ -6,8 +6,13 @@
 Offsets are global (file start + position). The queue finds the file for any offset,
 rolls to a new file, truncates everything past an offset (zeroing the cut-off tail so it
 can never be read as valid later) and drops whole files from the front for retention.
-With ``preallocate`` the next file is created and its pages faulted in by a background
-thread while the writer still fills the current one, so a roll does not stall the writer.
+With ``preallocate`` a background thread creates the next file while the writer still
+fills the current one, so a roll does not stall the writer, brings in the first pages of
+each file it creates, and, asked by a writer that appends megabytes at a time
+(``populate_ahead``: replication), keeps a bounded window of pages ahead of that writer in
+the page cache (``MappedFile.populate``): brought in there, a page costs a fraction of
+what the writer pays to fault it in itself, and on another core. The window is bounded so
+that a slow writer does not pay for a whole segment up front.
 """
 
 from __future__ import annotations
@@ -21,12 +26,19 @@ from .mapped_file import MappedFile, file_name, parse_file_name
 
 log = logging.getLogger(__name__)
 
+POPULATE_AHEAD_BYTES = 64 * 1024 * 1024   # pages kept in ahead of a writer that asks for it
+POPULATE_SLICE_BYTES = 8 * 1024 * 1024    # population goes in slices: a stop or a newer request is seen between them
+
 
 class _Preallocator:
-    """Creates the next file of a queue ahead of need, on one daemon thread.
+    """Creates the next file of a queue ahead of need and populates pages, on one daemon thread.
 
     The writer and this thread never both create the same file: ``take`` waits while the
-    thread is working on the wanted offset, and the thread skips an offset already taken.
+    thread is creating the wanted offset, and the thread skips an offset already taken. A
+    created file is handed out at once and its first window populated afterwards, so a
+    writer that reaches it early writes alongside the population. A window ahead of the
+    writer (``populate_ahead``) goes before the next file. A file may be closed (cut,
+    reset, retention) while it is populated: that population stops.
     """
 
     def __init__(self, queue: "MappedFileQueue") -> None:
@@ -34,6 +46,8 @@ class _Preallocator:
         self._condition = threading.Condition()
         self._wanted: int | None = None
         self._working: int | None = None
+        self._populate: tuple[MappedFile, int, int] | None = None   # file, [start, end) to bring in
+        self._populated: tuple[MappedFile | None, int] = (None, 0)   # the last file populated, up to where
         self._ready: dict[int, MappedFile] = {}
         self._taken: set[int] = set()
         self._stopped = False
@@ -45,6 +59,19 @@ class _Preallocator:
             if start_offset not in self._ready and start_offset != self._working:
                 self._wanted = start_offset
                 self._taken.discard(start_offset)
+                self._condition.notify_all()
+
+    def populate_ahead(self, mapped: MappedFile, position: int) -> None:
+        """Keep [position, position + POPULATE_AHEAD_BYTES) of ``mapped`` populated (cheap to
+        call after every write: it only asks once half the window has been used up)."""
+        end = min(mapped.size, position + POPULATE_AHEAD_BYTES)
+        with self._condition:
+            done_file, done_to = self._populated
+            if done_file is mapped and done_to >= min(mapped.size, position + POPULATE_AHEAD_BYTES // 2):
+                return
+            start = max(position, done_to) if done_file is mapped else position
+            if start < end:
+                self._populate = (mapped, start, end)
                 self._condition.notify_all()
 
     def take(self, start_offset: int) -> MappedFile | None:
@@ -60,27 +87,50 @@ class _Preallocator:
     def _run(self) -> None:
         while True:
             with self._condition:
-                while self._wanted is None and not self._stopped:
+                while self._wanted is None and self._populate is None and not self._stopped:
                     self._condition.wait()
                 if self._stopped:
                     return
-                wanted, self._wanted = self._wanted, None
-                self._working = wanted
-            mapped = None
-            try:
-                mapped = self._queue.create_file(wanted)
-                mapped.populate()
-            except BaseException as error:  # the writer creates the file itself and sees the error
-                log.warning("preallocating %s failed: %s", file_name(wanted), error)
-                mapped = None
+                window, self._populate = self._populate, None
+                if window is None:
+                    wanted, self._wanted = self._wanted, None
+                    self._working = wanted
+            if window is not None:
+                self._populate_range(*window)
+            else:
+                self._prepare(wanted)
+
+    def _prepare(self, wanted: int) -> None:
+        mapped = None
+        try:
+            mapped = self._queue.create_file(wanted)
+        except BaseException as error:  # the writer creates the file itself and sees the error
+            log.warning("preallocating %s failed: %s", file_name(wanted), error)
+        with self._condition:
+            self._working = None
+            if mapped is not None:
+                if self._stopped or wanted in self._taken:
+                    mapped.destroy()
+                    mapped = None
+                else:
+                    self._ready[wanted] = mapped
+            self._condition.notify_all()
+        if mapped is not None:
+            self._populate_range(mapped, 0, min(mapped.size, POPULATE_SLICE_BYTES))
+
+    def _populate_range(self, mapped: MappedFile, start: int, end: int) -> None:
+        for slice_start in range(start, end, POPULATE_SLICE_BYTES):
+            slice_end = min(end, slice_start + POPULATE_SLICE_BYTES)
             with self._condition:
-                self._working = None
-                if mapped is not None:
-                    if self._stopped or wanted in self._taken:
-                        mapped.destroy()
-                    else:
-                        self._ready[wanted] = mapped
-                self._condition.notify_all()
+                if self._stopped or mapped.closed or self._populate is not None:
+                    return  # a newer window replaces this one
+            try:
+                mapped.populate(slice_start, slice_end)
+            except OSError as error:  # closed under us (EBADF): nothing to bring in any more
+                log.debug("populating %s stopped: %s", mapped.path, error)
+                return
+            with self._condition:
+                self._populated = (mapped, slice_end)
 
     def stop(self) -> None:
         with self._condition:
@@ -89,6 +139,7 @@ class _Preallocator:
         self._thread.join(timeout=30)
         with self._condition:
             ready, self._ready = list(self._ready.values()), {}
+            self._populated = (None, 0)
         for mapped in ready:
             mapped.destroy()
 
@@ -165,6 +216,13 @@ class MappedFileQueue:
         if self._preallocator:
             self._preallocator.request(start_offset + self.file_size)
         return mapped
+
+    def populate_ahead(self, offset: int) -> None:
+        """Ask the preallocator to keep the pages past ``offset``, the writer's position, in
+        the page cache (a writer of megabytes at a time; no-op without ``preallocate``)."""
+        mapped = self.find(offset) if self._preallocator else None
+        if mapped is not None:
+            self._preallocator.populate_ahead(mapped, offset - mapped.start_offset)
 
     def request_ahead(self) -> None:
         """Ask the preallocator for the file after the last one."""

@@ -475,17 +475,19 @@ class MessageStore:
     def min_physical_offset(self) -> int:
         return self.commit_log.min_offset
 
-    def read_for_replication(self, offset: int, max_bytes: int) -> bytes:
+    def read_for_replication(self, offset: int, max_bytes: int) -> memoryview:
         """Whole records from ``offset`` within one segment, at most ``max_bytes`` (at least one
-        record); a segment's closing blank record included. b"" at the end of the log."""
+        record); a segment's closing blank record included. Empty at the end of the log. A
+        read-only view of the mapping, not a copy (see ``replica_log.read_chunk``)."""
         self._check_running()
         if offset < self.commit_log.min_offset:
             raise MessageNotFound(f"offset {offset} is below the commit log's first offset "
                                   f"{self.commit_log.min_offset}")
         return read_chunk(self.commit_log.segments, offset, self.commit_log.max_offset, max_bytes)
 
-    def append_replicated(self, offset: int, data: bytes) -> int:
-        """A replica's write: whole records exactly at the end of the log. Returns the new end.
+    def append_replicated(self, offset: int, data) -> int:
+        """A replica's write: whole records (bytes-like) exactly at the end of the log. Returns
+        the new end.
 
         The framing is checked before a byte lands (ChunkError, a StoreError, otherwise);
         the dispatcher then builds this replica's own ConsumeQueue and IndexFile.
