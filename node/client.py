@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from store.errors import invariant
+from store.errors import exception_leaves, invariant
 
 from . import protocol
 from .config import split_address
@@ -273,15 +273,7 @@ def _sole_error(group: BaseExceptionGroup) -> BaseException:
     The client's context managers run internal nurseries; a caller should see the
     NotMasterError or AuthError it can act on, not a group around it.
     """
-    leaves = []
-
-    def walk(error):
-        if isinstance(error, BaseExceptionGroup):
-            for inner in error.exceptions:
-                walk(inner)
-        else:
-            leaves.append(error)
-    walk(group)
+    leaves = exception_leaves(group)
     return leaves[0] if len(leaves) == 1 else group
 
 

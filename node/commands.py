@@ -17,6 +17,8 @@ from datetime import datetime
 import click
 import trio
 
+from store.errors import exception_leaves
+
 from .client import OutgoingMessage, open_admin, open_consumer, open_producer
 from .config import load_config
 from .errors import NodeConfigError, NodeError, UnknownOutcomeError
@@ -65,15 +67,7 @@ def _run(async_fn, *args):
         matched, rest = group.split(NodeError)
         if matched is None or rest is not None:
             raise
-        raise click.ClickException("; ".join(sorted({str(e) for e in _leaves(matched)}))) from None
-
-
-def _leaves(group: BaseExceptionGroup):
-    for error in group.exceptions:
-        if isinstance(error, BaseExceptionGroup):
-            yield from _leaves(error)
-        else:
-            yield error
+        raise click.ClickException("; ".join(sorted({str(e) for e in exception_leaves(matched)}))) from None
 
 
 def _progress(text: str) -> None:

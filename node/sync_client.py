@@ -24,6 +24,8 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
+from store.errors import exception_leaves
+
 from .client import (REQUEST_TIMEOUT_MS, OutgoingMessage, ReceivedMessage, SendResult, open_admin, open_consumer,
                      open_producer)
 from .errors import ClientClosedError, NodeError, RequestTimeoutError
@@ -166,18 +168,10 @@ def _one_error(error: BaseException) -> BaseException:
     connection) as its first error, which a script can catch by type; anything else as is."""
     if isinstance(error, BaseExceptionGroup):
         # a Cancelled beside the errors is the client's own teardown, not what went wrong
-        leaves = [leaf for leaf in _leaves(error) if not isinstance(leaf, trio.Cancelled)]
+        leaves = [leaf for leaf in exception_leaves(error) if not isinstance(leaf, trio.Cancelled)]
         if leaves and all(isinstance(leaf, NodeError) for leaf in leaves) and len({type(leaf) for leaf in leaves}) == 1:
             return leaves[0]
     return error
-
-
-def _leaves(group: BaseExceptionGroup):
-    for error in group.exceptions:
-        if isinstance(error, BaseExceptionGroup):
-            yield from _leaves(error)
-        else:
-            yield error
 
 
 class _SyncClient:

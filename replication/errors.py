@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from store.errors import exception_leaves
+
 
 class ReplicationError(Exception):
     """Base of every error the replication package raises on purpose."""
@@ -54,16 +56,7 @@ class ReplicationFenced(ReplicaWaitError):
 def expected_failure(error: BaseException, expected: tuple[type, ...]) -> BaseException | None:
     """``error`` itself, or the first leaf of an exception group, when every leaf is one of
     ``expected``; None otherwise (a bug or a cancellation: the caller re-raises)."""
-    leaves: list[BaseException] = []
-
-    def walk(item: BaseException) -> None:
-        if isinstance(item, BaseExceptionGroup):
-            for inner in item.exceptions:
-                walk(inner)
-        else:
-            leaves.append(item)
-
-    walk(error)
+    leaves = exception_leaves(error)
     if leaves and all(isinstance(leaf, expected) for leaf in leaves):
         return leaves[0]
     return None

@@ -25,6 +25,14 @@ class MessageNotFound(StoreError):
     """No readable message at the given offset or id."""
 
 
+def exception_leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside ``error``'s (nested) exception groups, in order; ``[error]``
+    when it is not a group."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in exception_leaves(inner)]
+    return [error]
+
+
 def invariant(condition: bool, message: str = "invariant broken") -> None:
     """Raise even under ``python -O``: for states the store must never reach."""
     if not condition:
