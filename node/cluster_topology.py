@@ -62,9 +62,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-import yaml
-
-from .config import config_from_mapping
+from .config import config_from_mapping, read_yaml
 from .errors import NodeConfigError, NodeError
 
 # A local demo should not reserve GiBs: 64 MiB segments, no next-segment preallocation,
@@ -221,13 +219,7 @@ def default_topology() -> ClusterTopology:
 
 def load_topology(path: str) -> ClusterTopology:
     """Read and check a cluster.yaml."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            mapping = yaml.safe_load(handle)
-    except OSError as error:
-        raise ClusterConfigError(f"cannot read cluster config {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise ClusterConfigError(f"cluster config {path} is not valid YAML: {error}") from None
+    mapping = read_yaml(path, "cluster config", ClusterConfigError)
     try:
         return topology_from_mapping(mapping)
     except ClusterConfigError as error:

@@ -205,11 +205,16 @@ def config_from_mapping(mapping: dict) -> NodeConfig:
 
 def load_config(path: str) -> NodeConfig:
     """Read and check a node's YAML config file."""
+    return config_from_mapping(read_yaml(path, "config", NodeConfigError))
+
+
+def read_yaml(path: str, what: str, error_type: type[Exception]):
+    """The parsed YAML file at ``path``; ``error_type`` naming ``what`` it is if it cannot be
+    read or parsed."""
     try:
         with open(path, encoding="utf-8") as handle:
-            mapping = yaml.safe_load(handle)
+            return yaml.safe_load(handle)
     except OSError as error:
-        raise NodeConfigError(f"cannot read config {path}: {error.strerror}") from None
+        raise error_type(f"cannot read {what} {path}: {error.strerror}") from None
     except yaml.YAMLError as error:
-        raise NodeConfigError(f"config {path} is not valid YAML: {error}") from None
-    return config_from_mapping(mapping)
+        raise error_type(f"{what} {path} is not valid YAML: {error}") from None
