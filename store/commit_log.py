@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import zlib
 from typing import Iterator, NamedTuple
 
 from . import codec
@@ -129,12 +128,13 @@ class CommitLog:
         store_host = self.store_host_bytes
         id_prefix = self._message_id_prefix
         pack = codec.HEADER.pack
-        crc = zlib.crc32
+        seal = codec.seal
         magic = codec.MESSAGE_MAGIC
         ok = PutStatus.PUT_OK
         new_result = tuple.__new__
         room = segment_end - codec.END_OF_SEGMENT_MIN_BLANK
         count = len(batch)
+        first = index
         while index < count:
             (topic, queue_id, body, body_crc, tail, flag, sys_flag, born_timestamp, born_host, reconsume_times,
              prepared_transaction_offset, size) = batch[index]
@@ -148,7 +148,7 @@ class CommitLog:
             header = pack(size, magic, body_crc, queue_id, flag, queue_offset, position, sys_flag,
                           born_timestamp or store_timestamp, born_host, store_timestamp, store_host,
                           reconsume_times, prepared_transaction_offset, len(body))
-            add_pieces((header, body, tail, b"%08x\x02" % crc(tail, crc(header))))
+            add_pieces((header, body, tail, seal(header, tail)))
             add_result(new_result(PutResult, (ok, position, queue_offset, f"{id_prefix}{position:016X}",
                                               store_timestamp, size, "")))
             position += size
@@ -158,7 +158,7 @@ class CommitLog:
             start = self.max_offset - segment.start_offset
             segment.mm[start:start + len(data)] = data
             queue_offsets.update(pending_offsets)
-            self.put_messages += len(pieces) // 4
+            self.put_messages += index - first
             self.put_bytes += position - self.max_offset
         if index < count:
             # the next message does not fit: close the segment with a blank record

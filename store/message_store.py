@@ -298,18 +298,14 @@ class MessageStore:
         self._check_running()
         prepare = self.prepare
         prepared = [prepare(message) for message in messages]
-        refused = [index for index, outcome in enumerate(prepared) if type(outcome) is PutResult]
-        if refused:
-            written = [outcome for outcome in prepared if type(outcome) is not PutResult]
-        else:
-            written = prepared
+        written = [outcome for outcome in prepared if type(outcome) is not PutResult]
         if self._write_state_stale:
             self.catch_up_for_writes()
         results = self.commit_log.append(written) if written else []
         wake = self.dispatcher.wake
         if not wake.is_set():   # set and not yet cleared: the dispatcher's next pass sees these
             wake.set()
-        if refused:
+        if len(written) < len(prepared):
             # put each refusal back in its message's place
             outcomes = iter(results)
             results = [outcome if type(outcome) is PutResult else next(outcomes) for outcome in prepared]
