@@ -226,15 +226,6 @@ def test_decode_at_position_inside_a_larger_buffer():
     assert codec.decode_message(buffer, len(first)).body == b"two"
 
 
-def test_dispatch_record_matches_decode():
-    raw = encode()
-    record = codec.read_dispatch_record(raw, 0)
-    assert (record.physical_offset, record.total_size, record.topic, record.queue_id, record.queue_offset,
-            record.store_timestamp, record.tags, record.keys, record.uniq_key) == \
-        (FIELDS["physical_offset"], len(raw), "TopicTest", 3, FIELDS["queue_offset"],
-         FIELDS["store_timestamp"], "TagA", ("k1", "k2"), "ABCDEF")
-
-
 def test_unwritten_space_is_not_a_record():
     with pytest.raises(codec.CorruptMessage):
         codec.check_record(bytes(200), 0, 200)
