@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -48,40 +49,47 @@ async def send_one(producer, index: int) -> str:
     return result.status
 
 
-async def test_sigstop_of_the_slave_fails_sync_puts_and_sigcont_recovers(tmp_path):
+@asynccontextmanager
+async def synced_pair(tmp_path, **master_changes):
+    """Master "a" and slave "b" as node processes, once b is in a's sync-state set."""
     master_ha = free_port()
-    with NodeProcess.start(str(tmp_path / "a"), settings("a", master_ha)) as master:
+    with NodeProcess.start(str(tmp_path / "a"), settings("a", master_ha, **master_changes)) as master:
         with NodeProcess.start(str(tmp_path / "b"), settings(
                 "b", free_port(), role="slave", master_ha_address=f"127.0.0.1:{master_ha}",
                 master_client_address=master.client_address)) as slave:
             await wait_status(master.client_address, lambda s: s["replication"]["sync_state_set"] == ["a", "b"],
                               "the slave in the sync-state set")
-            async with open_producer(master.client_address, secret=SECRET) as producer:
-                assert [await send_one(producer, i) for i in range(20)] == ["PUT_OK"] * 20
-                os.kill(slave.pid, signal.SIGSTOP)
-                try:
-                    statuses = [await send_one(producer, 100 + i) for i in range(8)]
-                    # the first waits run out (the slave is still in the SSS); later ones are
-                    # refused once it has left; none is acknowledged
-                    assert statuses[0] == "FLUSH_SLAVE_TIMEOUT", statuses
-                    assert "PUT_OK" not in statuses, statuses
-                    assert set(statuses) <= {"FLUSH_SLAVE_TIMEOUT", "IN_SYNC_REPLICAS_NOT_ENOUGH"}, statuses
-                    stopped = await status_of(master.client_address)
-                    (entry,) = stopped["replication"]["slaves"]
-                    assert entry["lag_bytes"] > 0
-                finally:
-                    os.kill(slave.pid, signal.SIGCONT)
-                await wait_status(master.client_address,
-                                  lambda s: s["replication"]["sync_state_set"] == ["a", "b"],
-                                  "the slave back in the sync-state set")
-                assert [await send_one(producer, 200 + i) for i in range(10)] == ["PUT_OK"] * 10
-            master_status = await status_of(master.client_address)
-            slave_status = await wait_status(
-                slave.client_address,
-                lambda s: s["store"]["max_physical_offset"] == master_status["store"]["max_physical_offset"],
-                "the slave caught up")
-            assert slave_status["replication"]["role"] == "slave" and slave_status["replication"]["connected"]
-        assert slave.stopped_cleanly()
+            yield master, slave
+
+
+async def test_sigstop_of_the_slave_fails_sync_puts_and_sigcont_recovers(tmp_path):
+    async with synced_pair(tmp_path) as (master, slave):
+        async with open_producer(master.client_address, secret=SECRET) as producer:
+            assert [await send_one(producer, i) for i in range(20)] == ["PUT_OK"] * 20
+            os.kill(slave.pid, signal.SIGSTOP)
+            try:
+                statuses = [await send_one(producer, 100 + i) for i in range(8)]
+                # the first waits run out (the slave is still in the SSS); later ones are
+                # refused once it has left; none is acknowledged
+                assert statuses[0] == "FLUSH_SLAVE_TIMEOUT", statuses
+                assert "PUT_OK" not in statuses, statuses
+                assert set(statuses) <= {"FLUSH_SLAVE_TIMEOUT", "IN_SYNC_REPLICAS_NOT_ENOUGH"}, statuses
+                stopped = await status_of(master.client_address)
+                (entry,) = stopped["replication"]["slaves"]
+                assert entry["lag_bytes"] > 0
+            finally:
+                os.kill(slave.pid, signal.SIGCONT)
+            await wait_status(master.client_address,
+                              lambda s: s["replication"]["sync_state_set"] == ["a", "b"],
+                              "the slave back in the sync-state set")
+            assert [await send_one(producer, 200 + i) for i in range(10)] == ["PUT_OK"] * 10
+        master_status = await status_of(master.client_address)
+        slave_status = await wait_status(
+            slave.client_address,
+            lambda s: s["store"]["max_physical_offset"] == master_status["store"]["max_physical_offset"],
+            "the slave caught up")
+        assert slave_status["replication"]["role"] == "slave" and slave_status["replication"]["connected"]
+    assert slave.stopped_cleanly()
     assert master.stopped_cleanly()
 
 
@@ -112,14 +120,8 @@ async def test_back_to_back_sync_puts_keep_one_replication_session(tmp_path):
     # Regression: a slave in another process can apply and ack a frame before the master's
     # send_all returns; the master once took that ack for one past what it had sent, dropped
     # the connection, and sync puts waited 100-200 ms for the reconnect (about one in ten).
-    master_ha = free_port()
-    with NodeProcess.start(str(tmp_path / "a"), settings("a", master_ha, slave_timeout_ms=5_000)) as master:
-        with NodeProcess.start(str(tmp_path / "b"), settings(
-                "b", free_port(), role="slave", master_ha_address=f"127.0.0.1:{master_ha}",
-                master_client_address=master.client_address)) as slave:
-            await wait_status(master.client_address, lambda s: s["replication"]["sync_state_set"] == ["a", "b"],
-                              "the slave in the sync-state set")
-            async with open_producer(master.client_address, secret=SECRET) as producer:
-                assert [await send_one(producer, i) for i in range(300)] == ["PUT_OK"] * 300
-            replication = (await status_of(slave.client_address))["replication"]
-            assert (replication["sessions"], replication["reconnects"]) == (1, 0), replication
+    async with synced_pair(tmp_path, slave_timeout_ms=5_000) as (master, slave):
+        async with open_producer(master.client_address, secret=SECRET) as producer:
+            assert [await send_one(producer, i) for i in range(300)] == ["PUT_OK"] * 300
+        replication = (await status_of(slave.client_address))["replication"]
+        assert (replication["sessions"], replication["reconnects"]) == (1, 0), replication
