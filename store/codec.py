@@ -282,13 +282,18 @@ def topic_problem(topic: str) -> str | None:
 
 
 # --- encoding ----------------------------------------------------------------------------
-def encode_tail(topic_bytes: bytes, properties_bytes: bytes) -> bytes:
-    """A record's bytes after the body, up to the HCRC digits: TOPICLEN TOPIC PROPLEN
-    PROPERTIES "HCRC\x01". None of it depends on where the record lands, so a writer builds
-    it before taking the write lock."""
-    return b"%c%s%s%s" % (len(topic_bytes), topic_bytes,
-                          (len(properties_bytes) + HCRC_PROPERTY_BYTES).to_bytes(2, "big"),
-                          properties_bytes) + HCRC_PREFIX
+def encode_topic(topic: str) -> bytes:
+    """TOPICLEN + TOPIC, how a record holds its topic (callers check the topic first)."""
+    topic_bytes = topic.encode("utf-8")
+    return b"%c%s" % (len(topic_bytes), topic_bytes)
+
+
+def encode_tail(encoded_topic: bytes, properties_bytes: bytes) -> bytes:
+    """A record's bytes after the body, up to the HCRC digits: TOPICLEN TOPIC (``encoded_topic``,
+    see :func:`encode_topic`) PROPLEN PROPERTIES "HCRC\x01". None of it depends on where
+    the record lands, so a writer builds it before taking the write lock."""
+    return b"%s%s%s" % (encoded_topic, (len(properties_bytes) + HCRC_PROPERTY_BYTES).to_bytes(2, "big"),
+                        properties_bytes) + HCRC_PREFIX
 
 
 def seal(header: bytes, tail: bytes, _crc=zlib.crc32) -> bytes:
@@ -300,7 +305,7 @@ def encode_message_pieces(topic_bytes, queue_id, body, body_crc, properties_byte
                           physical_offset, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
                           reconsume_times, prepared_transaction_offset, _pack=HEADER.pack):
     """Positional form of :func:`encode_message`."""
-    tail = encode_tail(topic_bytes, properties_bytes)
+    tail = encode_tail(b"%c%s" % (len(topic_bytes), topic_bytes), properties_bytes)
     header = _pack(
         HEADER.size + len(body) + len(tail) + HCRC_VALUE_BYTES, MESSAGE_MAGIC, body_crc,
         queue_id, flag, queue_offset, physical_offset, sys_flag, born_timestamp, born_host,

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import codec
@@ -34,6 +35,7 @@ from .errors import MessageNotFound, StoreClosedError, StoreConfigError, StoreCo
 from .flush import FlushService
 from .index_file import IndexService
 from .message import Message, PutResult, PutStatus
+from .put_batch import batch_columns
 from .recovery import RecoveryReport, recover
 from .replica_log import CUT, RESET, CutIntent, CutMarker, check_chunk, read_chunk
 from .retention import Retention
@@ -48,6 +50,9 @@ _encode_tail = codec.encode_tail
 _crc32 = zlib.crc32
 _new_tuple = tuple.__new__
 PULL_BATCH_MAX = 1024
+# from this many messages a batch may be written column-wise: below it the fixed cost of
+# the column path is more than the per-message loop it replaces
+COLUMNS_MESSAGES_MIN = 4
 
 
 class GetStatus(enum.Enum):
@@ -115,7 +120,7 @@ class MessageStore:
         self._abort_path = os.path.join(root, "abort")
         self._cut_marker = CutMarker(root)
         self._write_state_stale = False
-        self._topic_cache: dict[str, bytes] = {}
+        self._topic_cache: dict[str, bytes] = {}       # legal topic -> TOPICLEN + TOPIC bytes
         self._host_cache: dict[str, bytes] = {}
         # the largest record a segment takes: it must leave room for the closing blank record
         self._largest_record = config.commitlog_segment_bytes - codec.END_OF_SEGMENT_MIN_BLANK
@@ -252,14 +257,14 @@ class MessageStore:
         write. Topic and host checks are cached: they repeat across messages.
         """
         topic = message.topic
-        topic_bytes = self._topic_cache.get(topic)
-        if topic_bytes is None:
+        topic_prefix = self._topic_cache.get(topic) if type(topic) is str else None
+        if topic_prefix is None:
             problem = codec.topic_problem(topic)
             if problem:
                 return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
-            topic_bytes = topic.encode("utf-8")
+            topic_prefix = codec.encode_topic(topic)
             if len(self._topic_cache) < 100_000:
-                self._topic_cache[topic] = topic_bytes
+                self._topic_cache[topic] = topic_prefix
         body = message.body
         if type(body) is not bytes:
             if not isinstance(body, (bytes, bytearray, memoryview)):
@@ -275,7 +280,7 @@ class MessageStore:
         properties = _properties_of(message)
         if type(properties) is PutResult:
             return properties
-        born_host = self._host_cache.get(message.born_host)
+        born_host = self._host_cache.get(message.born_host) if type(message.born_host) is str else None
         if born_host is None:
             try:
                 born_host = codec.encode_host(message.born_host)
@@ -283,7 +288,7 @@ class MessageStore:
                 return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"born_host: {error}")
             if len(self._host_cache) < 100_000:
                 self._host_cache[message.born_host] = born_host
-        tail = _encode_tail(topic_bytes, properties)
+        tail = _encode_tail(topic_prefix, properties)
         size = RECORD_BYTES_BESIDE_BODY_AND_TAIL + body_length + len(tail)
         if size > self._largest_record:
             return PutResult(PutStatus.MESSAGE_ILLEGAL,
@@ -294,17 +299,30 @@ class MessageStore:
             message.born_timestamp, born_host, message.reconsume_times, message.prepared_transaction_offset, size))
 
     def append(self, messages: list[Message]) -> list[PutResult]:
-        """Write messages without waiting for the disk; refused ones get their status."""
+        """Write messages without waiting for the disk; refused ones get their status.
+
+        A regular batch of several messages is written column-wise (``put_batch``); any
+        other takes ``prepare`` and ``CommitLog.append``, one message at a time."""
         self._check_running()
-        prepare = self.prepare
-        prepared = [prepare(message) for message in messages]
-        written = [outcome for outcome in prepared if type(outcome) is not PutResult]
         if self._write_state_stale:
             self.catch_up_for_writes()
-        results = self.commit_log.append(written) if written else []
+        columns = None
+        if len(messages) >= COLUMNS_MESSAGES_MIN:
+            columns = batch_columns(messages, self._topic_cache, self._host_cache, self._largest_record)
+        if columns is not None:
+            results = self.commit_log.append_columns(columns)
+        else:
+            results = self._append_each(messages)
         wake = self.dispatcher.wake
         if not wake.is_set():   # set and not yet cleared: the dispatcher's next pass sees these
             wake.set()
+        return results
+
+    def _append_each(self, messages: list[Message]) -> list[PutResult]:
+        prepare = self.prepare
+        prepared = [prepare(message) for message in messages]
+        written = [outcome for outcome in prepared if type(outcome) is not PutResult]
+        results = self.commit_log.append(written) if written else []
         if len(written) < len(prepared):
             # put each refusal back in its message's place
             outcomes = iter(results)
@@ -647,6 +665,8 @@ def _properties_of(message: Message) -> bytes | PutResult:
     pairs = 0
     text = ""
     if properties:
+        if not isinstance(properties, Mapping):
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="properties must be a map of strings to strings")
         parts = []
         for name, value in properties.items():
             if type(name) is not str or type(value) is not str or not name:

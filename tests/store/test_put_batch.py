@@ -1,0 +1,245 @@
+"""The column-wise put of a regular batch (store/put_batch.py) against the per-message path.
+
+Both paths must write the same bytes and return the same results for the same messages;
+anything the column path cannot vouch for must go the per-message way (refusals in place).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store import Message, PutStatus, commit_log, put_batch
+from store.errors import DiskFullError
+from store.mapped_file import MappedFile
+from store_helpers import pull_all, scan_commit_log
+
+FIXED_TIME_MS = 1_700_000_000_000
+
+
+@pytest.fixture
+def fixed_clock(monkeypatch):
+    """Both paths stamp the same store time, so their bytes can be compared."""
+    monkeypatch.setattr(commit_log, "now_ms", lambda: FIXED_TIME_MS)
+
+
+def _log_bytes(store) -> bytes:
+    log = store.commit_log
+    return b"".join(bytes(segment.mm[:min(segment.size, log.max_offset - segment.start_offset)])
+                    for segment in log.segments.files)
+
+
+def _warm(store, messages) -> None:
+    """Teach a store the batch's topics and hosts (the column path only takes known ones)."""
+    for topic, host in dict.fromkeys((message.topic, message.born_host) for message in messages):
+        store._append_each([Message(topic=topic, body=b"warm", born_host=host)])
+
+
+def _put_both(open_store, messages, **settings_):
+    """(column store, per-message store, their results) after the same puts."""
+    columns_store = open_store(**settings_)
+    each_store = open_store(**settings_)
+    for store in (columns_store, each_store):
+        _warm(store, messages)
+    column_results = columns_store.append(messages)
+    each_results = each_store._append_each(messages)
+    return columns_store, each_store, column_results, each_results
+
+
+def _regular(count: int, **fields) -> list[Message]:
+    return [Message(topic="orders" if i % 3 else "audit", queue_id=i % 4, body=f"body-{i}".encode() * (i % 5 + 1),
+                    keys=[f"k{i}", f"order-{i}"], tags="paid", properties={"UNIQ_KEY": f"{i:032X}", "shop": "7"},
+                    **fields) for i in range(count)]
+
+
+def test_a_regular_batch_takes_the_column_path(open_store, fixed_clock):
+    store = open_store()
+    messages = _regular(8)
+    _warm(store, messages)
+    columns = put_batch.batch_columns(messages, store._topic_cache, store._host_cache, store._largest_record)
+    assert columns is not None and len(columns.sizes) == 8
+
+
+def test_column_path_writes_the_bytes_of_the_per_message_path(open_store, fixed_clock):
+    columns_store, each_store, column_results, each_results = _put_both(open_store, _regular(40))
+    assert [r.status for r in column_results] == [PutStatus.PUT_OK] * 40
+    assert column_results == each_results
+    assert _log_bytes(columns_store) == _log_bytes(each_store)
+    assert columns_store.commit_log.queue_offsets == each_store.commit_log.queue_offsets
+    columns_store.wait_dispatched()
+    read = pull_all(columns_store, "orders", 1)
+    assert [m.body for m in read][-1] == _regular(40)[37].body
+    assert read[-1].keys == ["k37", "order-37"] and read[-1].tags == "paid"
+
+
+@pytest.mark.parametrize("change", [
+    "no keys anywhere", "no tags anywhere", "no properties", "born times given", "several hosts",
+])
+def test_other_regular_shapes_write_the_same_bytes(open_store, fixed_clock, change):
+    messages = _regular(12)
+    for i, message in enumerate(messages):
+        if change == "no keys anywhere":
+            message.keys = ()
+        elif change == "no tags anywhere":
+            message.tags = None
+        elif change == "no properties":
+            message.properties = {}
+        elif change == "born times given":
+            message.born_timestamp = 0 if i % 2 else FIXED_TIME_MS - i
+        elif change == "several hosts":
+            message.born_host = f"10.0.0.{i % 3}:{5000 + i}"
+    columns_store, each_store, column_results, each_results = _put_both(open_store, messages)
+    assert put_batch.batch_columns(messages, columns_store._topic_cache, columns_store._host_cache,
+                                   columns_store._largest_record) is not None
+    assert column_results == each_results
+    assert _log_bytes(columns_store) == _log_bytes(each_store)
+
+
+IRREGULAR = {
+    "a new topic": lambda m: setattr(m[2], "topic", "fresh"),
+    "an illegal topic": lambda m: setattr(m[2], "topic", "bad topic"),
+    "an unhashable topic": lambda m: setattr(m[2], "topic", ["orders"]),
+    "a bytearray body": lambda m: setattr(m[2], "body", bytearray(b"x")),
+    "a body over the limit": lambda m: setattr(m[2], "body", bytes(4 * 1024 * 1024 + 1)),
+    "a bool queue id": lambda m: setattr(m[2], "queue_id", True),
+    "a negative queue id": lambda m: setattr(m[2], "queue_id", -1),
+    "an int property value": lambda m: m[2].properties.__setitem__("n", 5),
+    "an empty property name": lambda m: m[2].properties.__setitem__("", "v"),
+    "a separator in a value": lambda m: m[2].properties.__setitem__("a", "x\x01y"),
+    "a separator in a name": lambda m: m[2].properties.__setitem__("a\x02b", "y"),
+    "the HCRC property": lambda m: m[2].properties.__setitem__("HCRC", "00000000"),
+    "a KEYS property": lambda m: m[2].properties.__setitem__("KEYS", "other"),
+    "keys on some messages only": lambda m: setattr(m[2], "keys", ()),
+    "an empty key": lambda m: setattr(m[2], "keys", ["a", ""]),
+    "a key with a space": lambda m: setattr(m[2], "keys", ["a b"]),
+    "a separator in a key": lambda m: setattr(m[2], "keys", ["a\x02"]),
+    "keys as one string": lambda m: setattr(m[2], "keys", "solo"),
+    "an int key": lambda m: setattr(m[2], "keys", [7]),
+    "tags on some messages only": lambda m: setattr(m[2], "tags", None),
+    "int tags": lambda m: setattr(m[2], "tags", 3),
+    "a separator in tags": lambda m: setattr(m[2], "tags", "a\x01"),
+    "properties too large": lambda m: m[2].properties.__setitem__("big", "x" * 40_000),
+    "properties not a dict": lambda m: setattr(m[2], "properties", [("a", "b")]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IRREGULAR))
+def test_irregular_batches_go_message_by_message(open_store, fixed_clock, name):
+    messages = _regular(6)
+    columns_store = open_store()
+    each_store = open_store()
+    for store in (columns_store, each_store):
+        _warm(store, messages)
+    IRREGULAR[name](messages)
+    assert put_batch.batch_columns(messages, columns_store._topic_cache, columns_store._host_cache,
+                                   columns_store._largest_record) is None
+    results = columns_store.append(messages)
+    assert results == each_store._append_each(messages)
+    assert _log_bytes(columns_store) == _log_bytes(each_store)
+    assert [r.status for r in results[:2] + results[3:]] == [PutStatus.PUT_OK] * 5
+
+
+def test_a_batch_across_segments_matches_the_per_message_path(open_store, fixed_clock):
+    messages = [Message(topic="roll", queue_id=i % 2, body=bytes([i]) * 3000, keys=[f"k{i}"], tags="t")
+                for i in range(60)]   # ~180 KB over 64 KiB segments: several rolls inside the batch
+    columns_store, each_store, column_results, each_results = _put_both(open_store, messages)
+    assert column_results == each_results
+    assert _log_bytes(columns_store) == _log_bytes(each_store)
+    assert len(columns_store.commit_log.segments.files) >= 3
+    assert [m.body for m in scan_commit_log(columns_store.config.store_path)
+            if m.topic == "roll" and m.body != b"warm"] == [m.body for m in messages]
+
+
+def test_a_full_disk_at_a_roll_refuses_the_rest_of_the_batch(open_store, fixed_clock, monkeypatch):
+    store = open_store()
+    messages = [Message(topic="roll", queue_id=0, body=bytes([i]) * 3000) for i in range(40)]
+    _warm(store, messages)
+    log = store.commit_log
+
+    def no_room(start):
+        raise DiskFullError("no room on disk (test)")
+
+    monkeypatch.setattr(log.segments, "roll", no_room)
+    results = store.append(messages)
+    written = [r for r in results if r.status is PutStatus.PUT_OK]
+    refused = [r for r in results if r.status is PutStatus.SERVICE_NOT_AVAILABLE]
+    assert written and refused and len(written) + len(refused) == 40
+    assert results[:len(written)] == written, "the written ones come first, in order"
+    assert all("no room on disk" in r.reason and r.physical_offset == -1 for r in refused)
+    assert log.queue_offsets[("roll", 0)] == 1 + len(written)   # after the warm-up message
+    assert log.max_offset == log.segments.last.end_offset   # closed with a blank record, nothing partial
+    monkeypatch.undo()
+    store.wait_dispatched()
+    assert store.max_offset("roll", 0) == 1 + len(written)
+
+
+def test_an_unpackable_field_raises_and_writes_nothing(open_store, fixed_clock):
+    store = open_store()
+    messages = _regular(8)
+    _warm(store, messages)
+    before = (store.commit_log.max_offset, dict(store.commit_log.queue_offsets))
+    messages[5].flag = "not an int"
+    with pytest.raises(Exception):
+        store.append(messages)
+    assert (store.commit_log.max_offset, store.commit_log.queue_offsets) == before
+
+
+# names, values, keys and tags: separators, spaces and non-ASCII included
+TEXT = st.text(alphabet="abXY09_ \x01\x02é-", max_size=6)
+SAFE_TEXT = st.text(alphabet="abXY09_é-", min_size=1, max_size=6)
+
+
+def _compare_paths(open_store, messages) -> bool:
+    """Put ``messages`` both ways; whether they were a regular batch."""
+    columns_store = open_store()
+    each_store = open_store()
+    for store in (columns_store, each_store):
+        _warm(store, [m for m in messages if m.topic != "new-one"])
+    regular = put_batch.batch_columns(messages, columns_store._topic_cache, columns_store._host_cache,
+                                      columns_store._largest_record) is not None
+    assert columns_store.append(messages) == each_store._append_each(messages)
+    assert _log_bytes(columns_store) == _log_bytes(each_store)
+    columns_store.shutdown()
+    each_store.shutdown()
+    return regular
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(st.tuples(
+    st.sampled_from(["orders", "audit", "new-one"]), st.integers(0, 3), st.binary(max_size=40),
+    st.one_of(st.just(()), st.lists(TEXT, min_size=1, max_size=3)),
+    st.one_of(st.none(), TEXT),
+    st.dictionaries(TEXT, TEXT, max_size=3)), min_size=4, max_size=20))
+def test_any_batch_gives_what_the_per_message_path_gives(open_store, fixed_clock, batch):
+    _compare_paths(open_store, [Message(topic=topic, queue_id=queue_id, body=body, keys=keys, tags=tags,
+                                        properties=properties)
+                                for topic, queue_id, body, keys, tags, properties in batch])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(with_keys=st.booleans(), with_tags=st.booleans(), batch=st.lists(st.tuples(
+    st.sampled_from(["orders", "audit"]), st.integers(0, 3), st.binary(max_size=40),
+    st.lists(SAFE_TEXT, min_size=1, max_size=3), SAFE_TEXT,
+    st.dictionaries(SAFE_TEXT.filter(lambda name: name not in ("KEYS", "TAGS", "HCRC")), SAFE_TEXT, max_size=3)),
+    min_size=4, max_size=20))
+def test_any_regular_batch_gives_what_the_per_message_path_gives(open_store, fixed_clock, with_keys, with_tags,
+                                                                  batch):
+    messages = [Message(topic=topic, queue_id=queue_id, body=body, keys=keys if with_keys else (),
+                        tags=tags if with_tags else None, properties=properties)
+                for topic, queue_id, body, keys, tags, properties in batch]
+    assert _compare_paths(open_store, messages), "a regular batch takes the column path"
+
+
+def test_populate_for_write_leaves_the_bytes_alone(tmp_path):
+    mapped = MappedFile(str(tmp_path / "00000000000000000000"), 0, 16 * mmap.PAGESIZE, create=True)
+    mapped.mm[100:105] = b"hello"
+    assert mapped.populate_for_write(0, mapped.size) is True   # Linux >= 5.14 here
+    assert mapped.populate_for_write(mmap.PAGESIZE + 5, 3 * mmap.PAGESIZE) is True   # an unaligned start
+    assert mapped.populate_for_write(0, 10 * mapped.size) is True   # cut at the file's end
+    assert mapped.mm[:mapped.size] == b"\0" * 100 + b"hello" + b"\0" * (mapped.size - 105)
+    mapped.close()
+    assert mapped.populate_for_write(0, mapped.size) is True   # closed: nothing to do
