@@ -11,6 +11,7 @@ the file's descriptor. Both release the GIL (``mmap.flush`` and slice assignment
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import mmap
@@ -25,6 +26,9 @@ NAME_DIGITS = 20
 # kernel's default read-ahead, when the device is unknown), up to a bound.
 POPULATE_STEP_BYTES_MIN = 128 * 1024
 POPULATE_STEP_BYTES_MAX = 8 * 1024 * 1024
+# madvise(MADV_POPULATE_WRITE), Linux >= 5.14: fault pages in writable as a write would.
+# Called through ctypes, which releases the GIL (mmap.madvise holds it).
+MADV_POPULATE_WRITE = 23
 
 
 def file_name(start_offset: int) -> str:
@@ -41,7 +45,7 @@ def parse_file_name(name: str) -> int | None:
 class MappedFile:
     """A fixed-size mapped file. Positions are relative to the file; offsets are global."""
 
-    __slots__ = ("path", "start_offset", "size", "fd", "mm", "_closed", "_populate_step_bytes")
+    __slots__ = ("path", "start_offset", "size", "fd", "mm", "_closed", "_populate_step_bytes", "_address")
 
     def __init__(self, path: str, start_offset: int, size: int, *, create: bool) -> None:
         self.path = path
@@ -59,6 +63,9 @@ class MappedFile:
                                  "the file was truncated or belongs to a store with other settings")
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             self._populate_step_bytes = _read_ahead_bytes(os.fstat(self.fd).st_dev)
+            exported = ctypes.c_char.from_buffer(self.mm)
+            self._address = ctypes.addressof(exported)
+            del exported   # an exported buffer would keep mm.close() from unmapping
         except BaseException:
             os.close(self.fd)
             if create:
@@ -108,6 +115,26 @@ class MappedFile:
         step = self._populate_step_bytes
         for step_start in range(start, end, step):
             os.posix_fadvise(self.fd, step_start, min(step, end - step_start), os.POSIX_FADV_WILLNEED)
+
+    def populate_for_write(self, start: int, end: int) -> bool:
+        """Fault the pages of [start, end) in writable, as the writer's copy into the mapping
+        would page by page (about 5 us a 4 KiB page here, a third of a 1 KiB put's budget):
+        done ahead of the writer on another thread, which ``madvise`` lets run without the
+        GIL. The bytes are not touched. False where the kernel lacks MADV_POPULATE_WRITE.
+
+        The pages become dirty, so a flush writes the zeros of this window back with the
+        data before it: the window ahead of a writer is kept small for that reason."""
+        if self._closed or _madvise is None:
+            return _madvise is not None
+        start -= start % mmap.PAGESIZE
+        end = min(end, self.size)
+        if start >= end:
+            return True
+        if _madvise(self._address + start, end - start, MADV_POPULATE_WRITE) != 0:
+            code = ctypes.get_errno()
+            # EINVAL: an older kernel; anything else (ENOMEM: unmapped under us) only ends this window
+            return code != errno.EINVAL
+        return True
 
     def flush(self) -> None:
         """Make everything written so far durable."""
@@ -199,3 +226,16 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _load_madvise():
+    try:
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    function.restype = ctypes.c_int
+    return function
+
+
+_madvise = _load_madvise()

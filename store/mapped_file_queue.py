@@ -27,6 +27,9 @@ from .mapped_file import MappedFile, file_name, parse_file_name
 log = logging.getLogger(__name__)
 
 POPULATE_AHEAD_BYTES = 64 * 1024 * 1024   # pages kept in ahead of a writer that asks for it
+# ahead of a writer through the mapping the pages are faulted in writable, which dirties
+# them: a flush writes this window's zeros too, so it is smaller
+POPULATE_AHEAD_WRITE_BYTES = 16 * 1024 * 1024
 POPULATE_SLICE_BYTES = 8 * 1024 * 1024    # population goes in slices: a stop or a newer request is seen between them
 
 
@@ -46,7 +49,7 @@ class _Preallocator:
         self._condition = threading.Condition()
         self._wanted: int | None = None
         self._working: int | None = None
-        self._populate: tuple[MappedFile, int, int] | None = None   # file, [start, end) to bring in
+        self._populate: tuple[MappedFile, int, int, bool] | None = None   # file, [start, end) to bring in, for write
         self._populated: tuple[MappedFile | None, int] = (None, 0)   # the last file populated, up to where
         self._ready: dict[int, MappedFile] = {}
         self._taken: set[int] = set()
@@ -61,17 +64,18 @@ class _Preallocator:
                 self._taken.discard(start_offset)
                 self._condition.notify_all()
 
-    def populate_ahead(self, mapped: MappedFile, position: int) -> None:
-        """Keep [position, position + POPULATE_AHEAD_BYTES) of ``mapped`` populated (cheap to
-        call after every write: it only asks once half the window has been used up)."""
-        end = min(mapped.size, position + POPULATE_AHEAD_BYTES)
+    def populate_ahead(self, mapped: MappedFile, position: int, for_write: bool) -> None:
+        """Keep the window past ``position`` of ``mapped`` populated (cheap to call after
+        every write: it only asks once half the window has been used up)."""
+        window = POPULATE_AHEAD_WRITE_BYTES if for_write else POPULATE_AHEAD_BYTES
+        end = min(mapped.size, position + window)
         with self._condition:
             done_file, done_to = self._populated
-            if done_file is mapped and done_to >= min(mapped.size, position + POPULATE_AHEAD_BYTES // 2):
+            if done_file is mapped and done_to >= min(mapped.size, position + window // 2):
                 return
             start = max(position, done_to) if done_file is mapped else position
             if start < end:
-                self._populate = (mapped, start, end)
+                self._populate = (mapped, start, end, for_write)
                 self._condition.notify_all()
 
     def take(self, start_offset: int) -> MappedFile | None:
@@ -116,16 +120,17 @@ class _Preallocator:
                     self._ready[wanted] = mapped
             self._condition.notify_all()
         if mapped is not None:
-            self._populate_range(mapped, 0, min(mapped.size, POPULATE_SLICE_BYTES))
+            self._populate_range(mapped, 0, min(mapped.size, POPULATE_SLICE_BYTES), False)
 
-    def _populate_range(self, mapped: MappedFile, start: int, end: int) -> None:
+    def _populate_range(self, mapped: MappedFile, start: int, end: int, for_write: bool) -> None:
         for slice_start in range(start, end, POPULATE_SLICE_BYTES):
             slice_end = min(end, slice_start + POPULATE_SLICE_BYTES)
             with self._condition:
                 if self._stopped or mapped.closed or self._populate is not None:
                     return  # a newer window replaces this one
             try:
-                mapped.populate(slice_start, slice_end)
+                if not (for_write and mapped.populate_for_write(slice_start, slice_end)):
+                    mapped.populate(slice_start, slice_end)
             except OSError as error:  # closed under us (EBADF): nothing to bring in any more
                 log.debug("populating %s stopped: %s", mapped.path, error)
                 return
@@ -217,12 +222,14 @@ class MappedFileQueue:
             self._preallocator.request(start_offset + self.file_size)
         return mapped
 
-    def populate_ahead(self, offset: int) -> None:
-        """Ask the preallocator to keep the pages past ``offset``, the writer's position, in
-        the page cache (a writer of megabytes at a time; no-op without ``preallocate``)."""
+    def populate_ahead(self, offset: int, *, for_write: bool = False) -> None:
+        """Ask the preallocator to keep the pages past ``offset``, the writer's position,
+        in the page cache (no-op without ``preallocate``): read ahead for a writer that
+        uses ``MappedFile.write`` (replication), faulted in writable (``for_write``) for
+        one that copies into the mapping (puts)."""
         mapped = self.find(offset) if self._preallocator else None
         if mapped is not None:
-            self._preallocator.populate_ahead(mapped, offset - mapped.start_offset)
+            self._preallocator.populate_ahead(mapped, offset - mapped.start_offset, for_write)
 
     def request_ahead(self) -> None:
         """Ask the preallocator for the file after the last one."""
