@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from collections import deque
 from itertools import accumulate, repeat
 from typing import Iterator, NamedTuple
 
@@ -56,6 +57,59 @@ class PreparedMessage(NamedTuple):
 POPULATE_CHECK_BYTES = 2 * 1024 * 1024
 
 
+# the writer's record of where its records went, for the dispatcher: at most this many runs
+WRITTEN_RUNS_MAX = 4096
+
+
+class WrittenRuns:
+    """Where the writer's own appends placed their records: runs of (first offset, end
+    offset, each record's offset), in log order.
+
+    The dispatcher takes record offsets from here instead of walking the headers one by
+    one (a quarter of its time). Only what this process appended is here: the log grown
+    by replication or found by recovery is walked. Bounded: when the dispatcher falls far
+    behind, the oldest runs are dropped and it walks those records instead. Appended by
+    the writer under its lock, taken by the dispatcher under its own: a deque's ``append``
+    and ``popleft`` need no lock between the two.
+    """
+
+    def __init__(self) -> None:
+        self._runs: deque[tuple[int, int, list[int]]] = deque(maxlen=WRITTEN_RUNS_MAX)
+
+    def add(self, offsets: list[int], end: int) -> None:
+        if offsets:
+            self._runs.append((offsets[0], end, offsets))
+
+    def clear(self) -> None:
+        self._runs.clear()
+
+    def take(self, start: int, limit: int) -> tuple[list[int], int] | None:
+        """The offsets of the records starting in [start, limit) and the offset just after
+        the last of them, if the runs cover the log from ``start`` on; None (walk) if not."""
+        runs = self._runs
+        while runs and runs[0][1] <= start:   # dispatched already (or cut off the log)
+            runs.popleft()
+        offsets: list[int] = []
+        cursor = start
+        while runs and cursor < limit:
+            first, end, run = runs[0]
+            if first != cursor:
+                if first < cursor:   # the dispatcher stopped inside this run: keep its rest
+                    run = run[bisect_left(run, cursor):]
+                    if not run or run[0] != cursor:
+                        break
+                else:
+                    break
+            taken = bisect_left(run, limit)
+            offsets.extend(run[:taken] if taken < len(run) else run)
+            if taken < len(run):
+                cursor = run[taken]
+                break
+            runs.popleft()
+            cursor = end
+        return (offsets, cursor) if offsets else None
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -78,6 +132,7 @@ class CommitLog:
         self._write_lock = threading.Lock()
         self._closed = False
         self._populate_at = 0          # ask for the window ahead again once max_offset passes this
+        self.written_runs = WrittenRuns()
 
     # --- lifecycle -----------------------------------------------------------------------
     def load(self) -> None:
@@ -140,6 +195,8 @@ class CommitLog:
         add_pieces = pieces.extend
         add_result = results.append
         pending_offsets: dict[tuple[str, int], int] = {}
+        positions: list[int] = []
+        add_position = positions.append
         queue_offsets = self.queue_offsets
         store_host = self.store_host_bytes
         id_prefix = self._message_id_prefix
@@ -165,6 +222,7 @@ class CommitLog:
                           born_timestamp or store_timestamp, born_host, store_timestamp, store_host,
                           reconsume_times, prepared_transaction_offset, len(body))
             add_pieces((header, body, tail, seal(header, tail)))
+            add_position(position)
             add_result(new_result(PutResult, (ok, position, queue_offset, f"{id_prefix}{position:016X}",
                                               store_timestamp, size, "")))
             position += size
@@ -176,6 +234,7 @@ class CommitLog:
             queue_offsets.update(pending_offsets)
             self.put_messages += index - first
             self.put_bytes += position - self.max_offset
+            self.written_runs.add(positions, position)
         self.max_offset = position
         if index < count:
             self._close_segment(segment)
@@ -226,6 +285,7 @@ class CommitLog:
         self.put_messages += len(positions)
         self.put_bytes += len(data)
         self.max_offset += len(data)
+        self.written_runs.add(positions, self.max_offset)
         message_ids = map(f"{self._message_id_prefix}%016X".__mod__, positions)
         return map(tuple.__new__, repeat(PutResult), zip(
             repeat(PutStatus.PUT_OK), positions, queue_offsets, message_ids, repeat(store_timestamp), run.sizes,
@@ -373,4 +433,5 @@ class CommitLog:
             self.max_offset = offset
             self.flushed_offset = min(self.flushed_offset, offset)
             self._populate_at = 0
+            self.written_runs.clear()
             self.segments.request_ahead()

@@ -18,6 +18,8 @@ import os
 import shutil
 import threading
 import time
+from itertools import repeat
+from operator import sub
 from typing import Callable
 
 from . import codec
@@ -149,8 +151,7 @@ class Dispatcher:
                 segment = self.commit_log.segments.find(offset)
                 if segment is None:
                     break
-                positions, stop, blank = _walk(segment, offset - segment.start_offset,
-                                               min(segment.size, end - segment.start_offset))
+                positions, stop, blank = self._positions(segment, offset, end)
                 if positions:
                     if len(positions) < _COLUMNS_RECORDS_MIN:
                         batch = self._parser.parse_each(segment.mm, positions)
@@ -164,6 +165,19 @@ class Dispatcher:
         for listener in self._listeners:
             listener(self.dispatched_offset, grown)
         return count
+
+    def _positions(self, segment: MappedFile, offset: int, end: int) -> tuple[list[int], int, bool]:
+        """``_walk`` from ``offset`` to ``end`` within ``segment``; the records this process
+        appended itself are found in the writer's record of them instead (as far as that
+        goes on without a gap; the next round of the pass walks from there)."""
+        base = segment.start_offset
+        limit = min(segment.end_offset, end)
+        written = self.commit_log.written_runs.take(offset, limit)
+        if written is None:
+            return _walk(segment, offset - base, limit - base)
+        offsets, stop = written
+        invariant(stop <= segment.end_offset, f"{segment.path}: a written run crosses the segment's end")
+        return list(map(sub, offsets, repeat(base))), stop - base, False
 
     def _write(self, batch: DispatchBatch) -> set[tuple[str, int]]:
         """IndexFile entries, then ConsumeQueue entries, of one parsed batch; return the

@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from store import Message, codec, dispatch_batch, dispatcher as dispatcher_module
+from store import Message, codec, commit_log as commit_log_module, dispatch_batch, dispatcher as dispatcher_module
 from store.dispatch_batch import DispatchParser
 from store.dispatcher import ConsumeQueueTable, Dispatcher
 from store.index_file import IndexFile, IndexService
@@ -249,4 +249,67 @@ def test_dispatchers_build_identical_files(open_store, tmp_path, monkeypatch):
         index.close()
         built[name] = tree_bytes(root)
     assert built["columns"] == built["each"]
+    store.dispatcher.start()
+
+
+# --- record offsets from the writer -----------------------------------------------------------
+
+def test_written_runs_give_offsets_only_where_they_cover_the_log():
+    runs = commit_log_module.WrittenRuns()
+    runs.add([100, 150, 230], 300)
+    runs.add([300, 340], 400)
+    runs.add([500, 520], 600)                                  # a gap before it: 400..500 was replicated
+    assert runs.take(0, 1000) is None                           # the runs do not start at 0
+    assert runs.take(100, 240) == ([100, 150, 230], 300)        # a record starting below the limit is whole
+    assert runs.take(300, 320) == ([300], 340)                  # stopped inside a run ...
+    assert runs.take(340, 1000) == ([340], 400)                 # ... and went on from there; then the gap
+    assert runs.take(400, 1000) is None                         # walked
+    assert runs.take(500, 1000) == ([500, 520], 600)
+    assert runs.take(600, 1000) is None
+    runs.add([700], 800)
+    runs.clear()                                                # a cut
+    assert runs.take(700, 1000) is None
+
+
+def test_written_runs_are_bounded(monkeypatch):
+    monkeypatch.setattr(commit_log_module, "WRITTEN_RUNS_MAX", 3)
+    runs = commit_log_module.WrittenRuns()
+    for start in range(0, 50, 10):
+        runs.add([start], start + 10)
+    assert runs.take(0, 100) is None                            # the oldest were dropped: walk them
+    assert runs.take(20, 100) == ([20, 30, 40], 50)
+
+
+def test_dispatch_from_the_writers_offsets_matches_a_walk(open_store, tmp_path, monkeypatch):
+    store = open_store(commitlog_segment_bytes=64 * 1024)       # rolls inside batches
+    store.dispatcher.stop()
+    rng = random.Random(5)
+    for start in range(0, 600, 40):
+        messages = [Message(topic="T", queue_id=number % 3, body=rng.randbytes(rng.choice([10, 900, 3000])),
+                            keys=[f"key-{number}"], tags="TagA", properties={"UNIQ_KEY": f"{number:032X}"})
+                    for number in range(start, start + 40)]
+        if start % 80:
+            messages[7].keys = ()                               # irregular: written one message at a time
+        assert all(result.status.ok for result in store.append(messages))
+    taken = []
+    take = store.commit_log.written_runs.take
+    monkeypatch.setattr(store.commit_log.written_runs, "take",
+                        lambda start, limit: taken.append(take(start, limit)) or taken[-1])
+    built = {}
+    for name in ("from the writer", "walked"):
+        root = str(tmp_path / name)
+        queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), 64)
+        index = IndexService(os.path.join(root, "index"), 64, 900)
+        queues.load()
+        index.load()
+        dispatcher = Dispatcher(store.commit_log, queues, index, 7_000)   # passes end inside runs
+        assert dispatcher.catch_up() == 600
+        queues.close()
+        index.close()
+        built[name] = tree_bytes(root)
+        if name == "from the writer":
+            assert sum(len(found[0]) for found in taken if found) == 600
+            store.commit_log.written_runs.clear()
+    assert [found for found in taken[-5:]] == [None] * 5
+    assert built["from the writer"] == built["walked"]
     store.dispatcher.start()
