@@ -27,8 +27,8 @@ ends at the resync offset, tells the master where to start streaming; after that
 after each applied frame and on an interval.
 
 Departure from DESIGN.md: the data frame header carries a CRC32 of the frame's bytes
-(``zlib.crc32``), so a transport fault is caught before the bytes reach the log, where
-record CRCs would only catch it on a later read.
+(``store.codec.crc32``: zlib's CRC32, computed by ISA-L), so a transport fault is caught
+before the bytes reach the log, where record CRCs would only catch it on a later read.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-import zlib
 from dataclasses import dataclass
 
 import msgpack
+
+from store.codec import crc32
 
 from .epochs import EpochEntry, Resync, ResyncKind, check_order
 from .errors import EpochFileError, HaAuthError, HandshakeRefused, HaProtocolError
@@ -251,7 +252,7 @@ def encode_refusal(error: str) -> bytes:
 # --- stream frames -------------------------------------------------------------------------
 def data_header(offset: int, data) -> bytes:
     """Header of a data frame carrying ``data`` (bytes-like) from ``offset``."""
-    return DATA_HEADER.pack(offset, len(data), zlib.crc32(data))
+    return DATA_HEADER.pack(offset, len(data), crc32(data))
 
 
 def heartbeat(master_max_offset: int) -> bytes:
@@ -279,7 +280,7 @@ def parse_data_header(raw) -> DataHeader:
 
 def check_data(header: DataHeader, data) -> None:
     """HaProtocolError when the bytes are not the ones the master sent."""
-    if zlib.crc32(data) != header.crc:
+    if crc32(data) != header.crc:
         raise HaProtocolError(f"data frame at {header.offset} ({header.size} bytes): CRC mismatch")
 
 

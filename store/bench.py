@@ -16,7 +16,6 @@ import struct
 import tempfile
 import threading
 import time
-import zlib
 
 import click
 
@@ -29,7 +28,8 @@ BODY_BYTES = 1024
 
 
 def measure_floor(count: int) -> float:
-    """Messages per second of pack + copy + CRC32 into an mmap (pages already faulted in)."""
+    """Messages per second of pack + copy + CRC32 into an mmap (pages already faulted in),
+    with the CRC32 the store uses (``codec.crc32``)."""
     size = 1 << 26
     area = mmap.mmap(-1, size)
     area[:] = bytes(size)
@@ -42,7 +42,7 @@ def measure_floor(count: int) -> float:
     for sequence in range(count):
         if position + record > size:
             position = 0
-        header.pack_into(area, position, record, codec.MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, 0, 0,
+        header.pack_into(area, position, record, codec.MESSAGE_MAGIC, codec.crc32(body) & 0x7FFFFFFF, 0, 0,
                          sequence, position, 0, 0, host, 0, host, 0, 0, BODY_BYTES)
         area[position + header.size:position + record] = body
         position += record

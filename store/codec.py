@@ -1,7 +1,9 @@
 """The CommitLog message codec: RocketMQ v1 byte layout, big-endian. Pure: no I/O.
 
 This module is what the pipeline imports to read store directories, so it depends on
-nothing but the standard library.
+little: the standard library, numpy (hashing index keys in bulk) and, when installed,
+``isal`` for CRC32 (the same checksum as ``zlib.crc32``, several times faster; ``zlib`` is
+the fallback).
 
 One message (all integers big-endian, as Java's ByteBuffer)::
 
@@ -38,11 +40,15 @@ import re
 import socket
 import struct
 import sys
-import zlib
 from dataclasses import dataclass, field
 from operator import mul
 
 import numpy
+
+try:  # ISA-L's CRC32: bit for bit zlib's, about 6x faster on 1 KiB here (0.07 against 0.40 us)
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib keeps a bare install working
+    from zlib import crc32
 
 MESSAGE_MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194
@@ -90,7 +96,7 @@ BODY_LENGTH_AT = 84
 
 def crc32_body(body: bytes) -> int:
     """RocketMQ's ``UtilAll.crc32``: CRC32 of the body with the sign bit cleared."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 # --- Java String.hashCode -------------------------------------------------------------
@@ -296,7 +302,7 @@ def encode_tail(encoded_topic: bytes, properties_bytes: bytes) -> bytes:
                         properties_bytes) + HCRC_PREFIX
 
 
-def seal(header: bytes, tail: bytes, _crc=zlib.crc32) -> bytes:
+def seal(header: bytes, tail: bytes, _crc=crc32) -> bytes:
     """The HCRC digits and closing separator: CRC32 of the header and the tail, in hex."""
     return b"%08x\x02" % _crc(tail, _crc(header))
 
@@ -450,7 +456,7 @@ def _check_crcs(buffer, position: int, total_size: int, body_length: int, props_
                 require_hcrc: bool) -> None:
     body_at = position + HEADER.size
     body_crc = struct.unpack_from(">i", buffer, position + 8)[0]
-    if zlib.crc32(buffer[body_at:body_at + body_length]) & 0x7FFFFFFF != body_crc:
+    if crc32(buffer[body_at:body_at + body_length]) & 0x7FFFFFFF != body_crc:
         raise CorruptMessage(f"body CRC mismatch at {position}")
     end = position + total_size
     if props_length >= HCRC_PROPERTY_BYTES and buffer[end - HCRC_PROPERTY_BYTES:end - HCRC_VALUE_BYTES] == HCRC_PREFIX:
@@ -459,7 +465,7 @@ def _check_crcs(buffer, position: int, total_size: int, body_length: int, props_
             stored = int(digits, 16)
         except ValueError:
             raise CorruptMessage(f"HCRC digits unreadable at {position}") from None
-        crc = zlib.crc32(buffer[body_at + body_length:end - HCRC_VALUE_BYTES], zlib.crc32(buffer[position:body_at]))
+        crc = crc32(buffer[body_at + body_length:end - HCRC_VALUE_BYTES], crc32(buffer[position:body_at]))
         # compare the exact digits: int() would accept 'A' for 'a', a space for a leading '0'
         if crc != stored or digits != b"%08x" % crc or buffer[end - 1] != 2:
             raise CorruptMessage(f"header CRC (HCRC) mismatch at {position}")

@@ -20,7 +20,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -47,7 +46,7 @@ MAX_BODY_BYTES = codec.MAX_BODY_BYTES
 # a record is its header, body, tail (codec.encode_tail) and the HCRC digits
 RECORD_BYTES_BESIDE_BODY_AND_TAIL = codec.HEADER.size + codec.HCRC_VALUE_BYTES
 _encode_tail = codec.encode_tail
-_crc32 = zlib.crc32
+_crc32 = codec.crc32
 _new_tuple = tuple.__new__
 PULL_BATCH_MAX = 1024
 # from this many messages a batch may be written column-wise: below it the fixed cost of

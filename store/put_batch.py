@@ -5,7 +5,7 @@ encode (``MessageStore.prepare``) and once to place it (``CommitLog._append_to_s
 about 5 us a message on this machine, most of it interpreter overhead. Here a batch is
 turned into columns (one tuple per field) and every step is a C-level ``map`` over them:
 the checks are set and count operations over whole columns, the encodings are bound
-``join`` / ``%`` / ``pack`` methods mapped over zipped columns, the CRCs ``zlib.crc32``
+``join`` / ``%`` / ``pack`` methods mapped over zipped columns, the CRCs ``codec.crc32``
 mapped over bodies, headers and tails.
 
 Only a *regular* batch goes this way: every topic and born host already seen by the store
@@ -19,7 +19,6 @@ refused, so this path either writes the whole batch or (a full disk) refuses the
 
 from __future__ import annotations
 
-import zlib
 from itertools import accumulate, chain, count, repeat
 from operator import add, and_, attrgetter
 from typing import NamedTuple
@@ -40,7 +39,7 @@ _MAX_QUEUE_ID = 2**31 - 1
 _join_pair = codec.NAME_VALUE_SEPARATOR.join
 _join_pairs = codec.PROPERTY_SEPARATOR.join
 _join_keys = codec.KEY_SEPARATOR.join
-_crc32 = zlib.crc32
+_crc32 = codec.crc32
 _TAIL_FORMAT = b"%s%s%s" + codec.HCRC_PREFIX
 _SEAL_FORMAT = b"%08x\x02"
 _END_OF_PAIRS = ("",)  # joined last, so a non-empty map's text ends with its separator

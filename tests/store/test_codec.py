@@ -302,3 +302,16 @@ def test_batched_index_key_hashes_keep_the_min_value_rule():
     prefix, key = "polygene", "lubricants"
     hashes = codec.index_key_hashes([codec.java_hash_unsigned(prefix)] * 10, [key] * 10)
     assert hashes == [0] * 10
+
+
+def test_the_store_crc32_is_zlibs():
+    """codec.crc32 (ISA-L when installed) must be bit for bit zlib's CRC32, chained too."""
+    import random
+    import zlib
+    rng = random.Random(3)
+    for size in (0, 1, 7, 88, 1024, 4096 + 3, 1 << 20):
+        data = rng.randbytes(size)
+        start = rng.randrange(1 << 32)
+        assert codec.crc32(data) == zlib.crc32(data)
+        assert codec.crc32(data, start) == zlib.crc32(data, start)
+        assert codec.crc32(memoryview(data)[size // 3:]) == zlib.crc32(data[size // 3:])
