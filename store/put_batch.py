@@ -111,34 +111,33 @@ def batch_columns(messages: list, tail_prefixes: dict[str, bytes], born_hosts: d
 
 
 def _property_texts(keys: tuple, tags: tuple, properties: tuple[dict, ...]) -> list[str] | None:
-    """Each message's properties as ``name\\x01value\\x02`` text (its map, then KEYS, then
+    """Each message's properties as ``name\x01value\x02`` text (its map, then KEYS, then
     TAGS, as ``message_store._properties_of`` writes them), or None if any needs the
-    per-message path: a name or value not a str (``join`` raises), an empty name or key, a
-    key with a space, a separator inside a name or value, a store-owned name, or KEYS /
-    TAGS set on some messages only."""
+    per-message path: a name, value, key or tag not exactly a str, an empty name or key, a
+    key with a space, a separator inside a name or value, a store-owned name, keys not a
+    list or tuple, or KEYS / TAGS set on some messages only."""
     names = set().union(*properties)
-    if "" in names or not _STORE_NAMES.isdisjoint(names):
+    if not (_only_str(names) and "" not in names and _STORE_NAMES.isdisjoint(names)
+            and _only_str(chain.from_iterable(map(dict.values, properties)))):
         return None
-    try:
-        texts = list(map(_join_pairs, map(chain, map(map, repeat(_join_pair), map(dict.items, properties)),
-                                          repeat(_END_OF_PAIRS))))
-        pairs = sum(map(len, properties))
-        if any(keys):
-            if not all(keys) or str in set(map(type, keys)):
-                return None  # a bare str as keys is one key: the per-message path knows
-            key_texts = list(map(_join_keys, keys))
-            key_count = sum(map(len, keys))
-            if "" in key_texts or not _words_are_keys(key_texts, key_count):
-                return None
-            texts = list(map(add, texts, map(add, repeat("KEYS\x01"), map(add, key_texts, repeat("\x02")))))
-            pairs += len(keys)
-        if any(tags):
-            if not all(tags):
-                return None
-            texts = list(map(add, texts, map(add, repeat("TAGS\x01"), map(add, tags, repeat("\x02")))))
-            pairs += len(tags)
-    except TypeError:
+    texts = list(map(_join_pairs, map(chain, map(map, repeat(_join_pair), map(dict.items, properties)),
+                                      repeat(_END_OF_PAIRS))))
+    pairs = sum(map(len, properties))
+    if not set(map(type, keys)) <= _KEY_LIST_TYPES:
         return None
+    if any(keys):
+        if not all(keys) or not _only_str(chain.from_iterable(keys)):
+            return None
+        key_texts = list(map(_join_keys, keys))
+        if not _words_are_keys(key_texts, sum(map(len, keys))):
+            return None
+        texts = list(map(add, texts, map(add, repeat("KEYS\x01"), map(add, key_texts, repeat("\x02")))))
+        pairs += len(keys)
+    if any(tags):
+        if set(map(type, tags)) != {str} or not all(tags):
+            return None
+        texts = list(map(add, texts, map(add, repeat("TAGS\x01"), map(add, tags, repeat("\x02")))))
+        pairs += len(tags)
     whole = "".join(texts)
     # every separator must be one written here, none from inside a name or value
     if whole.count(codec.NAME_VALUE_SEPARATOR) != pairs or whole.count(codec.PROPERTY_SEPARATOR) != pairs:
@@ -146,11 +145,19 @@ def _property_texts(keys: tuple, tags: tuple, properties: tuple[dict, ...]) -> l
     return texts
 
 
+_KEY_LIST_TYPES = frozenset((list, tuple))
+
+
+def _only_str(items) -> bool:
+    """Whether every item is exactly a str (a subclass is refused by the per-message path)."""
+    return set(map(type, items)) <= {str}
+
+
 def _words_are_keys(key_texts: list[str], key_count: int) -> bool:
     """Whether the space-joined key lists hold exactly ``key_count`` non-empty keys: the
     spaces are only the joins, so no key was empty or held a space itself."""
     joined = "\x02".join(key_texts)
-    return (joined.count(" ") == key_count - len(key_texts) and "  " not in joined
+    return ("" not in key_texts and joined.count(" ") == key_count - len(key_texts) and "  " not in joined
             and " \x02" not in joined and "\x02 " not in joined
             and not joined.startswith(" ") and not joined.endswith(" "))
 

@@ -124,7 +124,16 @@ IRREGULAR = {
     "a separator in tags": lambda m: setattr(m[2], "tags", "a\x01"),
     "properties too large": lambda m: m[2].properties.__setitem__("big", "x" * 40_000),
     "properties not a dict": lambda m: setattr(m[2], "properties", [("a", "b")]),
+    "a str subclass value": lambda m: m[2].properties.__setitem__("a", Text("v")),
+    "a str subclass name": lambda m: m[2].properties.__setitem__(Text("a"), "v"),
+    "a str subclass key": lambda m: setattr(m[2], "keys", [Text("k")]),
+    "a str subclass tag": lambda m: setattr(m[2], "tags", Text("t")),
+    "keys as a set": lambda m: setattr(m[2], "keys", {"k"}),
 }
+
+
+class Text(str):
+    """A str subclass: the per-message path refuses it (exact types only), so must this one."""
 
 
 @pytest.mark.parametrize("name", sorted(IRREGULAR))
