@@ -44,8 +44,9 @@ LONG_POLLS_MAX = 10_000
 class PullWaiters:
     """Long-polling pulls parked per queue, woken when the dispatcher grows that queue.
 
-    ``notify`` runs in trio's thread (the dispatcher thread hands it over with
-    ``TrioToken.run_sync_soon``, which never blocks that thread).
+    ``notify`` runs in trio's thread: the node's dispatch passes run there (dispatch_loop.py);
+    a pass on another thread hands it over with ``TrioToken.run_sync_soon``, which never
+    blocks that thread.
     """
 
     def __init__(self) -> None:
