@@ -606,7 +606,7 @@ class Producer:
                         return
                     await self._back_off(attempt)
                     continue  # nothing was sent: safe to retry
-                pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire)
+                pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire, result_columns=True)
                 if unsent:
                     unsent = False
                     self._closed_unsent -= 1
@@ -629,7 +629,7 @@ class Producer:
                     raise
                 finally:
                     connection.forget(pending)
-                self._resolve(batch, reply["results"])
+                self._resolve(batch, reply)
                 return
         finally:
             if unsent:
@@ -661,16 +661,20 @@ class Producer:
                                         f"query key {message.uniq_key} to find out", keys)
                     for message in batch.messages])
 
-    def _resolve(self, batch: _Batch, results: list[dict]) -> None:
-        outcomes = []
-        for message, item in zip(batch.messages, results):
-            status = item["status"]
-            outcomes.append(SendResult(status, item["queue_id"], item["queue_offset"], item["physical_offset"],
-                                       item["message_id"], message.uniq_key, item.get("reason", "")))
-            if status == "PUT_OK":
-                self._sent += 1
-            else:
-                self._failed += 1
+    def _resolve(self, batch: _Batch, reply: dict) -> None:
+        columns = reply.get("result_columns")
+        if columns is None:  # a node that answers with one map per message
+            results = reply["results"]
+            columns = {name: [item.get(name, "") for item in results]
+                       for name in ("status", "queue_id", "queue_offset", "physical_offset", "message_id", "reason")}
+        statuses = columns["status"]
+        invariant(len(statuses) == len(batch.messages), "a send reply has one result per message")
+        outcomes = list(map(SendResult, statuses, columns["queue_id"], columns["queue_offset"],
+                            columns["physical_offset"], columns["message_id"],
+                            [message.uniq_key for message in batch.messages], columns["reason"]))
+        sent = statuses.count("PUT_OK")
+        self._sent += sent
+        self._failed += len(statuses) - sent
         batch.resolve(outcomes)
 
     async def aclose(self) -> None:

@@ -8,9 +8,12 @@ A put on the trio thread used to wake the dispatcher thread, and each GIL hand-o
 between that thread and the trio thread costs tens of microseconds on a small machine,
 on the put's own round trip. Here a put only sets the wake flag and an event; the pass
 runs as a trio task, which is scheduled after the request's reply has been written (the
-reader writes it without a scheduling point). Passes are bounded (``PASS_BYTES_MAX``)
-with a checkpoint between them, so a backlog (a slave's replicated bytes, a restart)
-never holds the loop for long.
+reader writes it without a scheduling point). As on the thread, a wake is followed by
+the store's ``dispatch_interval_ms`` of waiting, so the puts of that time share a pass
+(a pass has a fixed cost, and one of 128 records or more is parsed with numpy) and the
+puts in between call nothing (the flag is already set). Passes are bounded
+(``PASS_BYTES_MAX``) with a checkpoint between them, so a backlog (a slave's replicated
+bytes, a restart) never holds the loop for long.
 
 Writes from other threads (a slave's replicated appends run in worker threads) hand the
 wake over with ``TrioToken.run_sync_soon``, which never blocks them.
@@ -63,8 +66,9 @@ class _LoopWake:
 
 async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_BYTES_MAX,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run ``dispatcher``'s passes in this trio loop until cancelled. The dispatcher must
-    have no thread of its own (StoreConfig ``dispatcher_thread: false``)."""
+    """Run ``dispatcher``'s passes in this trio loop until cancelled, each wake followed by
+    the dispatcher's ``interval_s``. The dispatcher must have no thread of its own
+    (StoreConfig ``dispatcher_thread: false``)."""
     invariant(not dispatcher.threaded and isinstance(dispatcher.wake, WakeFlag),
               "serve_dispatch needs a dispatcher without its thread")
     wake = _LoopWake()
@@ -77,6 +81,8 @@ async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_B
             if dispatcher.dispatch_pass(pass_bytes_max) is None or dispatcher.lag_bytes <= 0:
                 # caught up, or stopped (a cut in progress: start() sets the wake) or failed
                 await wake.wait()
+                if dispatcher.interval_s:
+                    await trio.sleep(dispatcher.interval_s)  # the puts of this time join the pass
             else:
                 await trio.lowlevel.checkpoint()  # a backlog: let other tasks run between passes
     finally:
