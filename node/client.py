@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -141,20 +142,21 @@ def error_from_reply(reply: dict) -> RequestError:
 
 # --- connection --------------------------------------------------------------------------
 class _Pending:
-    __slots__ = ("opaque", "event", "reply", "error")
+    __slots__ = ("opaque", "connection", "event", "reply", "error", "timeout_ms")
 
-    def __init__(self, opaque: int) -> None:
+    def __init__(self, opaque: int, connection: "Connection") -> None:
         self.opaque = opaque
+        self.connection = connection
         self.event = trio.Event()
         self.reply: dict | None = None
         self.error: Exception | None = None
+        self.timeout_ms: int | None = None   # set while the connection's deadline task watches it
 
     async def wait(self, timeout_ms: int | None = REQUEST_TIMEOUT_MS) -> dict:
         """The SUCCESS reply's map; raises the typed error, or RequestTimeoutError."""
-        with trio.move_on_after(math.inf if timeout_ms is None else timeout_ms / 1000):
-            await self.event.wait()
-        if not self.event.is_set():
-            raise RequestTimeoutError(f"no reply within {timeout_ms} ms; the outcome is unknown")
+        if timeout_ms is not None and not self.event.is_set():
+            self.connection._watch_deadline(self, timeout_ms)
+        await self.event.wait()
         if self.error is not None:
             raise self.error
         if self.reply.get("code") != ResponseCode.SUCCESS:
@@ -170,6 +172,11 @@ class Connection:
         self.address = address
         self._decoder = decoder
         self._pending: dict[int, _Pending] = {}
+        # reply deadlines: per timeout, (deadline, opaque) in the order they were set, so each
+        # queue's head expires first; one task sleeps until the earliest head (see run)
+        self._deadlines: dict[int, deque[tuple[float, int]]] = {}
+        self._deadline_scope: trio.CancelScope | None = None
+        self._deadline_idle_s = math.inf
         self._next_opaque = 1
         self._send_lock = trio.Lock()
         self._scope: trio.CancelScope | None = None
@@ -197,7 +204,7 @@ class Connection:
             await self._send_lock.acquire()   # a write is under way: queue behind it, in order
         else:
             self._send_lock.acquire_nowait()  # idle: no scheduling point before the write
-        pending = self._pending[opaque] = _Pending(opaque)
+        pending = self._pending[opaque] = _Pending(opaque, self)
         try:
             sent = write_now(self.stream, frame)
             if sent == len(frame):
@@ -227,24 +234,74 @@ class Connection:
             self.forget(pending)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Read replies until the connection ends (run in a nursery; ``aclose`` stops it)."""
+        """Read replies until the connection ends (run in a nursery; ``aclose`` stops it),
+        and time out the requests whose reply is late."""
         with trio.CancelScope() as scope:
             self._scope = scope
-            task_status.started()
-            try:
-                while True:
-                    data = await self.stream.receive_some(RECEIVE_BYTES)
-                    if not data:
-                        raise ConnectionLostError(f"{self.address} closed the connection")
-                    for reply in self._decoder.feed_strict(data):
-                        self._on_reply(reply)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-                self._fail_all(ConnectionLostError(f"connection to {self.address} lost: {error}"))
-            except (ConnectionLostError, FrameError) as error:
-                self._fail_all(error if isinstance(error, ConnectionLostError)
-                               else ConnectionLostError(f"{self.address} sent a broken frame: {error}"))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._expire_deadlines)
+                task_status.started()
+                try:
+                    while True:
+                        data = await self.stream.receive_some(RECEIVE_BYTES)
+                        if not data:
+                            raise ConnectionLostError(f"{self.address} closed the connection")
+                        for reply in self._decoder.feed_strict(data):
+                            self._on_reply(reply)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+                    self._fail_all(ConnectionLostError(f"connection to {self.address} lost: {error}"))
+                except (ConnectionLostError, FrameError) as error:
+                    self._fail_all(error if isinstance(error, ConnectionLostError)
+                                   else ConnectionLostError(f"{self.address} sent a broken frame: {error}"))
+                nursery.cancel_scope.cancel()
         if self.closed_error is None:
             self._fail_all(ConnectionLostError("connection closed by the client"))
+
+    # --- reply deadlines -----------------------------------------------------------------
+    # A cancel scope per request (trio.move_on_after) costs more than the rest of a small
+    # request's bookkeeping. Requests of one timeout expire in the order they were sent, so
+    # a queue per timeout and one task that sleeps until the earliest head do the same
+    # work: in steady traffic that task wakes about once per timeout period, and a new
+    # deadline never moves its wake-up (it is later than every earlier one of its timeout).
+    def _watch_deadline(self, pending: _Pending, timeout_ms: int) -> None:
+        deadline = trio.current_time() + timeout_ms / 1000
+        pending.timeout_ms = timeout_ms
+        queue = self._deadlines.get(timeout_ms)
+        if queue is None:
+            queue = self._deadlines[timeout_ms] = deque()
+            # with nothing to watch the task sleeps this long: no new deadline is earlier
+            self._deadline_idle_s = min(self._deadline_idle_s, timeout_ms / 1000)
+        queue.append((deadline, pending.opaque))
+        scope = self._deadline_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def _drop_answered(self, timeout_ms: int) -> None:
+        """Pop the heads of a deadline queue whose requests are answered or forgotten."""
+        queue = self._deadlines.get(timeout_ms)
+        pending = self._pending
+        while queue and queue[0][1] not in pending:
+            queue.popleft()
+
+    async def _expire_deadlines(self) -> None:
+        while True:
+            now = trio.current_time()
+            wake_at = now + self._deadline_idle_s  # no deadline set after now is earlier
+            for timeout_ms, queue in self._deadlines.items():
+                self._drop_answered(timeout_ms)
+                while queue and queue[0][0] <= now:
+                    _, opaque = queue.popleft()
+                    pending = self._pending.pop(opaque, None)
+                    if pending is not None:
+                        pending.error = RequestTimeoutError(f"no reply within {timeout_ms} ms; the outcome is unknown")
+                        pending.event.set()
+                    self._drop_answered(timeout_ms)
+                if queue:
+                    wake_at = min(wake_at, queue[0][0])
+            with trio.CancelScope(deadline=wake_at) as scope:
+                self._deadline_scope = scope
+                await trio.sleep_forever()
+            self._deadline_scope = None
 
     def _on_reply(self, reply: object) -> None:
         if not isinstance(reply, dict):
@@ -254,6 +311,8 @@ class Connection:
         if pending is not None:
             pending.reply = reply
             pending.event.set()
+            if pending.timeout_ms is not None:
+                self._drop_answered(pending.timeout_ms)
         elif opaque is None and reply.get("code") != ResponseCode.SUCCESS:
             # a connection-level error (bad frame, busy, auth): the node closes the connection
             self._fail_all(error_from_reply(reply))

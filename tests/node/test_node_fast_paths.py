@@ -236,3 +236,57 @@ async def test_requests_and_replies_written_straight_to_the_socket_arrive_whole(
         pulled = await connection.request(RequestCode.PULL, topic="big", queue_id=replies[3]["results"][0]["queue_id"],
                                           offset=offsets[3], max_count=1, timeout_ms=5_000)  # until dispatched
         assert pulled["messages"][0]["body"] == b"s" * 3_000_000
+
+
+@pytest.mark.trio
+async def test_late_replies_time_out_exactly_per_timeout_and_answered_ones_never(autojump_clock):
+    # a fake node that answers only odd opaques, and those only after 3 s
+    from node.client import connect_stream
+    from node.errors import ConnectionLostError, RequestTimeoutError
+    from node.protocol import encode_frame
+    client_end, server_end = trio.testing.memory_stream_pair()
+
+    async def fake_node():
+        decoder = FrameDecoder()
+        async with trio.open_nursery() as nursery:
+            while data := await server_end.receive_some(65536):
+                for frame in decoder.feed(data):
+                    if frame["opaque"] % 2:
+                        async def answer(opaque=frame["opaque"]):
+                            await trio.sleep(3)
+                            await server_end.send_all(encode_frame({"code": 0, "opaque": opaque, "flags": 1}))
+                        nursery.start_soon(answer)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fake_node)
+        connection = await connect_stream(client_end, "fake", nursery)
+        outcomes = {}
+
+        async def one(name: str, timeout_ms: int | None) -> None:
+            pending = await connection.submit(RequestCode.STATUS)
+            started = trio.current_time()
+            try:
+                await pending.wait(timeout_ms)
+                outcomes[name] = ("ok", trio.current_time() - started)
+            except RequestTimeoutError:
+                outcomes[name] = ("timeout", trio.current_time() - started)
+            except ConnectionLostError:
+                outcomes[name] = ("lost", trio.current_time() - started)
+            connection.forget(pending)
+        async with trio.open_nursery() as requests:
+            for name, timeout_ms in (("a", 10_000), ("b", 10_000), ("c", 2_000), ("d", 5_000), ("e", 1_000),
+                                     ("f", None)):
+                requests.start_soon(one, name, timeout_ms)
+                await trio.sleep(0.1)
+            await trio.sleep(20)
+            # f (opaque 6) has no timeout and no answer: it waits until the connection closes
+            assert "f" not in outcomes
+            await connection.aclose()
+        # opaques 1, 3, 5 (a, c, e) are answered after 3 s; 2 and 4 (b, d) never
+        assert outcomes["a"] == ("ok", pytest.approx(3, abs=0.01))
+        assert outcomes["b"] == ("timeout", pytest.approx(10, abs=0.01))
+        assert outcomes["c"] == ("timeout", pytest.approx(2, abs=0.01))   # its answer came too late
+        assert outcomes["d"] == ("timeout", pytest.approx(5, abs=0.01))
+        assert outcomes["e"] == ("timeout", pytest.approx(1, abs=0.01))
+        assert outcomes["f"][0] == "lost"
+        nursery.cancel_scope.cancel()
