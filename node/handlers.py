@@ -99,9 +99,7 @@ class RequestHandlers:
         self._round_robin: dict[str, int] = {}
         self._requests = 0
         self._errors = 0
-        # labelled children of the requests counter, by (request, response): looking a
-        # child up through ``labels()`` costs more than the increment itself
-        self._request_counters: dict[tuple[str, str], object] = {}
+        self._tally = metrics.tally
         self._sync_flush = config.flush == "sync"
         # the node's replication runtime (node/ha_roles.py); None: no replication (bare handlers)
         self.replicas = None
@@ -168,11 +166,7 @@ class RequestHandlers:
         return run
 
     def _count(self, request: str, response: str) -> None:
-        counter = self._request_counters.get((request, response))
-        if counter is None:
-            counter = self._request_counters[(request, response)] = self.metrics.requests.labels(
-                node=self.config.node_id, request=request, response=response)
-        counter.inc()
+        self._tally.count_request(request, response)
 
     def _error(self, opaque, code: str, message: str, request_code: RequestCode | None = None,
                error: RequestError | None = None) -> dict:
@@ -300,13 +294,7 @@ class RequestHandlers:
             "message_id": [result.message_id for result in results], "reason": reasons}}
 
     def _count_puts(self, ok_count: int, ok_bytes: int, failed: int, started: float) -> None:
-        metrics = self.metrics
-        if ok_count:
-            metrics.put_messages.inc(ok_count)
-            metrics.put_bytes.inc(ok_bytes)
-        if failed:
-            metrics.put_failures.inc(failed)
-        metrics.put_latency.observe(time.perf_counter() - started)
+        self._tally.count_put(ok_count, ok_bytes, failed, time.perf_counter() - started)
 
     def _writable_queue_count(self, topic: str) -> int:
         config = self.sys_config.topic(topic)
