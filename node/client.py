@@ -31,7 +31,7 @@ from .errors import (AuthError, ConnectionLostError, FrameError, NotMasterError,
                      UnknownOutcomeError)
 from .protocol import FrameDecoder, RequestCode, ResponseCode
 from .server import auth_digest
-from .socket_write import write_now
+from .socket_io import receive_some, write_now
 
 RECEIVE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_MS = 5_000
@@ -192,7 +192,7 @@ class Connection:
         A frame is written whole or the connection fails: a write cut short would garble
         every later frame, so the write is shielded from the caller's cancellation and
         bounded by SEND_TIMEOUT_MS instead. While no other write is under way the socket
-        is tried directly first (socket_write.py): a frame it takes whole leaves with no
+        is tried directly first (socket_io.py): a frame it takes whole leaves with no
         scheduling point and no cancel scope (the wait for the reply is the checkpoint).
         """
         if self.closed_error is not None:
@@ -243,7 +243,7 @@ class Connection:
                 task_status.started()
                 try:
                     while True:
-                        data = await self.stream.receive_some(RECEIVE_BYTES)
+                        data = await receive_some(self.stream, RECEIVE_BYTES)
                         if not data:
                             raise ConnectionLostError(f"{self.address} closed the connection")
                         for reply in self._decoder.feed_strict(data):

@@ -30,7 +30,7 @@ from .errors import FrameError
 from .handlers import RequestHandlers
 from .metrics import NodeMetrics
 from .protocol import FrameDecoder, RequestCode, ResponseCode
-from .socket_write import write_now
+from .socket_io import receive_some, write_now
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class ClientServer:
                     await writer.write_last(protocol.encode_frame(protocol.error_reply(None, code,
                                                                                        str(decoder.error))))
                     return "broken"
-                data = await stream.receive_some(RECEIVE_BYTES)
+                data = await receive_some(stream, RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return "gone"  # the peer is gone (or the writer stopped because it is)
             if not data:
@@ -212,7 +212,7 @@ class ReplyWriter:
         # acquire_nowait rather than ``async with``, and the socket tried directly: no
         # scheduling point before the write, so the reply leaves before anything else
         # (another task, the store's dispatch pass) gets in between, and none after it
-        # when the socket took it whole (socket_write.py)
+        # when the socket took it whole (socket_io.py)
         self._writing.acquire_nowait()
         try:
             sent = write_now(self.stream, data)

@@ -238,8 +238,8 @@ class Dispatcher:
     def dispatch_pass(self, bytes_max: int | None = None) -> int | None:
         """Without the thread: one pass of up to ``bytes_max`` for the owner's loop (or a
         caller of ``MessageStore.wait_dispatched``); the number of messages, or None while
-        stopped or after a failure (``error``), when the owner should wait for the next
-        wake. Never blocks on ``stop``."""
+        stopped, while another thread runs a pass, or after a failure (``error``): then the
+        owner waits for the next wake. Never blocks."""
         invariant(not self.threaded, "dispatch_pass is for a dispatcher without its thread")
         if self.error is not None or not self._gate.acquire(blocking=False):
             return None
