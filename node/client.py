@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from .errors import (AuthError, ConnectionLostError, FrameError, NotMasterError,
                      UnknownOutcomeError)
 from .protocol import FrameDecoder, RequestCode, ResponseCode
 from .server import auth_digest
+from .socket_io import receive_some, write_now
 
 RECEIVE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_MS = 5_000
@@ -140,20 +142,21 @@ def error_from_reply(reply: dict) -> RequestError:
 
 # --- connection --------------------------------------------------------------------------
 class _Pending:
-    __slots__ = ("opaque", "event", "reply", "error")
+    __slots__ = ("opaque", "connection", "event", "reply", "error", "timeout_ms")
 
-    def __init__(self, opaque: int) -> None:
+    def __init__(self, opaque: int, connection: "Connection") -> None:
         self.opaque = opaque
+        self.connection = connection
         self.event = trio.Event()
         self.reply: dict | None = None
         self.error: Exception | None = None
+        self.timeout_ms: int | None = None   # set while the connection's deadline task watches it
 
     async def wait(self, timeout_ms: int | None = REQUEST_TIMEOUT_MS) -> dict:
         """The SUCCESS reply's map; raises the typed error, or RequestTimeoutError."""
-        with trio.move_on_after(math.inf if timeout_ms is None else timeout_ms / 1000):
-            await self.event.wait()
-        if not self.event.is_set():
-            raise RequestTimeoutError(f"no reply within {timeout_ms} ms; the outcome is unknown")
+        if timeout_ms is not None and not self.event.is_set():
+            self.connection._watch_deadline(self, timeout_ms)
+        await self.event.wait()
         if self.error is not None:
             raise self.error
         if self.reply.get("code") != ResponseCode.SUCCESS:
@@ -169,6 +172,11 @@ class Connection:
         self.address = address
         self._decoder = decoder
         self._pending: dict[int, _Pending] = {}
+        # reply deadlines: per timeout, (deadline, opaque) in the order they were set, so each
+        # queue's head expires first; one task sleeps until the earliest head (see run)
+        self._deadlines: dict[int, deque[tuple[float, int]]] = {}
+        self._deadline_scope: trio.CancelScope | None = None
+        self._deadline_idle_s = math.inf
         self._next_opaque = 1
         self._send_lock = trio.Lock()
         self._scope: trio.CancelScope | None = None
@@ -183,7 +191,9 @@ class Connection:
 
         A frame is written whole or the connection fails: a write cut short would garble
         every later frame, so the write is shielded from the caller's cancellation and
-        bounded by SEND_TIMEOUT_MS instead.
+        bounded by SEND_TIMEOUT_MS instead. While no other write is under way the socket
+        is tried directly first (socket_io.py): a frame it takes whole leaves with no
+        scheduling point and no cancel scope (the wait for the reply is the checkpoint).
         """
         if self.closed_error is not None:
             raise ConnectionLostError(f"connection to {self.address} is closed: {self.closed_error}")
@@ -194,11 +204,14 @@ class Connection:
             await self._send_lock.acquire()   # a write is under way: queue behind it, in order
         else:
             self._send_lock.acquire_nowait()  # idle: no scheduling point before the write
-        pending = self._pending[opaque] = _Pending(opaque)
+        pending = self._pending[opaque] = _Pending(opaque, self)
         try:
+            sent = write_now(self.stream, frame)
+            if sent == len(frame):
+                return pending
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + SEND_TIMEOUT_MS / 1000
-                await self.stream.send_all(frame)
+                await self.stream.send_all(memoryview(frame)[sent:] if sent else frame)
             if scope.cancelled_caught:
                 self._fail_all(ConnectionLostError(f"connection to {self.address}: a request could not be "
                                                    f"written within {SEND_TIMEOUT_MS} ms"))
@@ -221,24 +234,74 @@ class Connection:
             self.forget(pending)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Read replies until the connection ends (run in a nursery; ``aclose`` stops it)."""
+        """Read replies until the connection ends (run in a nursery; ``aclose`` stops it),
+        and time out the requests whose reply is late."""
         with trio.CancelScope() as scope:
             self._scope = scope
-            task_status.started()
-            try:
-                while True:
-                    data = await self.stream.receive_some(RECEIVE_BYTES)
-                    if not data:
-                        raise ConnectionLostError(f"{self.address} closed the connection")
-                    for reply in self._decoder.feed_strict(data):
-                        self._on_reply(reply)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-                self._fail_all(ConnectionLostError(f"connection to {self.address} lost: {error}"))
-            except (ConnectionLostError, FrameError) as error:
-                self._fail_all(error if isinstance(error, ConnectionLostError)
-                               else ConnectionLostError(f"{self.address} sent a broken frame: {error}"))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._expire_deadlines)
+                task_status.started()
+                try:
+                    while True:
+                        data = await receive_some(self.stream, RECEIVE_BYTES)
+                        if not data:
+                            raise ConnectionLostError(f"{self.address} closed the connection")
+                        for reply in self._decoder.feed_strict(data):
+                            self._on_reply(reply)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+                    self._fail_all(ConnectionLostError(f"connection to {self.address} lost: {error}"))
+                except (ConnectionLostError, FrameError) as error:
+                    self._fail_all(error if isinstance(error, ConnectionLostError)
+                                   else ConnectionLostError(f"{self.address} sent a broken frame: {error}"))
+                nursery.cancel_scope.cancel()
         if self.closed_error is None:
             self._fail_all(ConnectionLostError("connection closed by the client"))
+
+    # --- reply deadlines -----------------------------------------------------------------
+    # A cancel scope per request (trio.move_on_after) costs more than the rest of a small
+    # request's bookkeeping. Requests of one timeout expire in the order they were sent, so
+    # a queue per timeout and one task that sleeps until the earliest head do the same
+    # work: in steady traffic that task wakes about once per timeout period, and a new
+    # deadline never moves its wake-up (it is later than every earlier one of its timeout).
+    def _watch_deadline(self, pending: _Pending, timeout_ms: int) -> None:
+        deadline = trio.current_time() + timeout_ms / 1000
+        pending.timeout_ms = timeout_ms
+        queue = self._deadlines.get(timeout_ms)
+        if queue is None:
+            queue = self._deadlines[timeout_ms] = deque()
+            # with nothing to watch the task sleeps this long: no new deadline is earlier
+            self._deadline_idle_s = min(self._deadline_idle_s, timeout_ms / 1000)
+        queue.append((deadline, pending.opaque))
+        scope = self._deadline_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def _drop_answered(self, timeout_ms: int) -> None:
+        """Pop the heads of a deadline queue whose requests are answered or forgotten."""
+        queue = self._deadlines.get(timeout_ms)
+        pending = self._pending
+        while queue and queue[0][1] not in pending:
+            queue.popleft()
+
+    async def _expire_deadlines(self) -> None:
+        while True:
+            now = trio.current_time()
+            wake_at = now + self._deadline_idle_s  # no deadline set after now is earlier
+            for timeout_ms, queue in self._deadlines.items():
+                self._drop_answered(timeout_ms)
+                while queue and queue[0][0] <= now:
+                    _, opaque = queue.popleft()
+                    pending = self._pending.pop(opaque, None)
+                    if pending is not None:
+                        pending.error = RequestTimeoutError(f"no reply within {timeout_ms} ms; the outcome is unknown")
+                        pending.event.set()
+                    self._drop_answered(timeout_ms)
+                if queue:
+                    wake_at = min(wake_at, queue[0][0])
+            with trio.CancelScope(deadline=wake_at) as scope:
+                self._deadline_scope = scope
+                await trio.sleep_forever()
+            self._deadline_scope = None
 
     def _on_reply(self, reply: object) -> None:
         if not isinstance(reply, dict):
@@ -248,6 +311,8 @@ class Connection:
         if pending is not None:
             pending.reply = reply
             pending.event.set()
+            if pending.timeout_ms is not None:
+                self._drop_answered(pending.timeout_ms)
         elif opaque is None and reply.get("code") != ResponseCode.SUCCESS:
             # a connection-level error (bad frame, busy, auth): the node closes the connection
             self._fail_all(error_from_reply(reply))
@@ -600,7 +665,7 @@ class Producer:
                         return
                     await self._back_off(attempt)
                     continue  # nothing was sent: safe to retry
-                pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire)
+                pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire, result_columns=True)
                 if unsent:
                     unsent = False
                     self._closed_unsent -= 1
@@ -623,7 +688,7 @@ class Producer:
                     raise
                 finally:
                     connection.forget(pending)
-                self._resolve(batch, reply["results"])
+                self._resolve(batch, reply)
                 return
         finally:
             if unsent:
@@ -655,16 +720,20 @@ class Producer:
                                         f"query key {message.uniq_key} to find out", keys)
                     for message in batch.messages])
 
-    def _resolve(self, batch: _Batch, results: list[dict]) -> None:
-        outcomes = []
-        for message, item in zip(batch.messages, results):
-            status = item["status"]
-            outcomes.append(SendResult(status, item["queue_id"], item["queue_offset"], item["physical_offset"],
-                                       item["message_id"], message.uniq_key, item.get("reason", "")))
-            if status == "PUT_OK":
-                self._sent += 1
-            else:
-                self._failed += 1
+    def _resolve(self, batch: _Batch, reply: dict) -> None:
+        columns = reply.get("result_columns")
+        if columns is None:  # a node that answers with one map per message
+            results = reply["results"]
+            columns = {name: [item.get(name, "") for item in results]
+                       for name in ("status", "queue_id", "queue_offset", "physical_offset", "message_id", "reason")}
+        statuses = columns["status"]
+        invariant(len(statuses) == len(batch.messages), "a send reply has one result per message")
+        outcomes = list(map(SendResult, statuses, columns["queue_id"], columns["queue_offset"],
+                            columns["physical_offset"], columns["message_id"],
+                            [message.uniq_key for message in batch.messages], columns["reason"]))
+        sent = statuses.count("PUT_OK")
+        self._sent += sent
+        self._failed += len(statuses) - sent
         batch.resolve(outcomes)
 
     async def aclose(self) -> None:

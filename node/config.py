@@ -23,6 +23,7 @@
     flush: async                     # sync | async
     secret: null                     # when set, clients and slaves pass an HMAC challenge
     store: {commitlog_segment_bytes: ..., ...}   # any StoreConfig field but store_path, flush, store_host
+                                                 # (and dispatcher_thread: a node dispatches in its loop)
 
 Unknown keys and bad values are refused at load with the key named, so a typo never
 silently falls back to a default.
@@ -44,6 +45,8 @@ from .errors import NodeConfigError
 
 # StoreConfig fields the node sets itself from its own keys.
 _STORE_FIELDS_OWNED_BY_NODE = ("store_path", "flush", "store_host")
+# the node runs its store's dispatch in its trio loop (dispatch_loop.py), whatever a file says
+_STORE_FIELDS_FIXED_BY_NODE = ("dispatcher_thread",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,8 @@ class NodeConfig:
         for name in self.store:
             if name in _STORE_FIELDS_OWNED_BY_NODE:
                 problems.append(f"store.{name}: set the node's own key instead")
+            elif name in _STORE_FIELDS_FIXED_BY_NODE:
+                problems.append(f"store.{name}: a node always dispatches in its event loop")
         if problems:
             raise NodeConfigError("; ".join(problems))
         try:
@@ -174,7 +179,8 @@ def _check_type(name: str, value: object, annotation: str) -> None:
 
 def _check_store_section(section: dict) -> None:
     hints = typing.get_type_hints(StoreConfig)
-    known = {f.name for f in dataclasses.fields(StoreConfig)} - set(_STORE_FIELDS_OWNED_BY_NODE)
+    known = {f.name for f in dataclasses.fields(StoreConfig)} - set(_STORE_FIELDS_OWNED_BY_NODE) \
+        - set(_STORE_FIELDS_FIXED_BY_NODE)
     for name, value in section.items():
         if name not in known:
             raise NodeConfigError(f"store.{name}: unknown key (known: {', '.join(sorted(known))})")

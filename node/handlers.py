@@ -44,8 +44,9 @@ LONG_POLLS_MAX = 10_000
 class PullWaiters:
     """Long-polling pulls parked per queue, woken when the dispatcher grows that queue.
 
-    ``notify`` runs in trio's thread (the dispatcher thread hands it over with
-    ``TrioToken.run_sync_soon``, which never blocks that thread).
+    ``notify`` runs in trio's thread: the node's dispatch passes run there (dispatch_loop.py);
+    a pass on another thread hands it over with ``TrioToken.run_sync_soon``, which never
+    blocks that thread.
     """
 
     def __init__(self) -> None:
@@ -98,9 +99,7 @@ class RequestHandlers:
         self._round_robin: dict[str, int] = {}
         self._requests = 0
         self._errors = 0
-        # labelled children of the requests counter, by (request, response): looking a
-        # child up through ``labels()`` costs more than the increment itself
-        self._request_counters: dict[tuple[str, str], object] = {}
+        self._tally = metrics.tally
         self._sync_flush = config.flush == "sync"
         # the node's replication runtime (node/ha_roles.py); None: no replication (bare handlers)
         self.replicas = None
@@ -167,11 +166,7 @@ class RequestHandlers:
         return run
 
     def _count(self, request: str, response: str) -> None:
-        counter = self._request_counters.get((request, response))
-        if counter is None:
-            counter = self._request_counters[(request, response)] = self.metrics.requests.labels(
-                node=self.config.node_id, request=request, response=response)
-        counter.inc()
+        self._tally.count_request(request, response)
 
     def _error(self, opaque, code: str, message: str, request_code: RequestCode | None = None,
                error: RequestError | None = None) -> dict:
@@ -190,26 +185,29 @@ class RequestHandlers:
         raw_messages = f.list("messages", protocol.BATCH_COUNT_MAX)
         if not raw_messages:
             raise protocol.bad_request("field messages must hold at least one message")
+        columns = f.bool("result_columns", False)
         queue_count = self._writable_queue_count(topic)
-        messages = [self._message(topic, raw, index, queue_count) for index, raw in enumerate(raw_messages)]
+        messages = self._plain_messages(topic, raw_messages, queue_count)
+        if messages is None:
+            messages = [self._message(topic, raw, index, queue_count) for index, raw in enumerate(raw_messages)]
         replicas = self.replicas
         if replicas is not None:
             try:
                 replicas.check_for_put()  # sync replication: refused before a byte is written
             except ReplicaWaitError as error:
                 return self._send_reply(messages, [PutResult(PutStatus(error.status), reason=str(error))
-                                                   for _ in messages], started, None)
+                                                   for _ in messages], started, None, columns)
         results = self.store.append(messages)
         if replicas is None:
             if self._sync_flush:
-                return self._wait_then_reply(messages, results, started, None, 0)
-            return self._send_reply(messages, results, started, None)
+                return self._wait_then_reply(messages, results, started, None, 0, columns)
+            return self._send_reply(messages, results, started, None, columns)
         replicas.notify_appended()
         if self._sync_flush or replicas.sync_replication:
-            return self._wait_then_reply(messages, results, started, replicas, self.role.state.epoch)
-        return self._send_reply(messages, results, started, None)
+            return self._wait_then_reply(messages, results, started, replicas, self.role.state.epoch, columns)
+        return self._send_reply(messages, results, started, None, columns)
 
-    def _wait_then_reply(self, messages, results, started: float, replicas, epoch: int) -> Deferred:
+    def _wait_then_reply(self, messages, results, started: float, replicas, epoch: int, columns: bool) -> Deferred:
         """The reply once the disk (sync flush) and the replicas (sync replication) hold the
         batch, at once and together; the first failure that applies becomes every written
         message's status. A node that lost its role or was fenced meanwhile acks nothing."""
@@ -234,11 +232,16 @@ class RequestHandlers:
                 failures["role"] = (PutStatus.SERVICE_NOT_AVAILABLE, "the node stopped being master in this epoch "
                                     "(or was fenced) before the put was acknowledged; it may or may not survive")
             failure = failures.get("role") or failures.get("replicas") or failures.get("disk")
-            return self._send_reply(messages, results, started, failure)
+            return self._send_reply(messages, results, started, failure, columns)
         return wait
 
-    def _send_reply(self, messages, results, started: float, failure: tuple[PutStatus, str] | None) -> dict:
-        """Per-message results; ``failure`` replaces PUT_OK for every written message."""
+    def _send_reply(self, messages, results, started: float, failure: tuple[PutStatus, str] | None,
+                    columns: bool = False) -> dict:
+        """Per-message results, as one map each (``results``) or, when the request asked for
+        ``result_columns``, as one list per field; ``failure`` replaces PUT_OK for every
+        written message."""
+        if columns:
+            return self._result_columns(messages, results, started, failure)
         replies = []
         ok_count = ok_bytes = failed = 0
         for message, result in zip(messages, results):
@@ -259,14 +262,39 @@ class RequestHandlers:
             if result.reason or status is not result.status:
                 item["reason"] = result.reason or failure[1]
             replies.append(item)
-        metrics = self.metrics
-        if ok_count:
-            metrics.put_messages.inc(ok_count)
-            metrics.put_bytes.inc(ok_bytes)
-        if failed:
-            metrics.put_failures.inc(failed)
-        metrics.put_latency.observe(time.perf_counter() - started)
+        self._count_puts(ok_count, ok_bytes, failed, started)
         return {"results": replies}
+
+    def _result_columns(self, messages, results, started: float, failure: tuple[PutStatus, str] | None) -> dict:
+        """``result_columns``: status, queue_id, queue_offset, physical_offset, message_id and
+        reason, one list each, in the batch's order (reason "" for a message without one).
+        A batch is one reply of a few lists instead of a map per message, on both ends."""
+        count = len(results)
+        if failure is None and all(result.status is _PUT_OK for result in results):
+            statuses = ["PUT_OK"] * count
+            reasons = [""] * count
+            self._count_puts(count, sum(result.wrote_bytes for result in results), 0, started)
+        else:
+            statuses, reasons = [], []
+            ok_count = ok_bytes = 0
+            for result in results:
+                status, reason = result.status, result.reason
+                if status is _PUT_OK and failure is None:
+                    ok_count += 1
+                    ok_bytes += result.wrote_bytes
+                elif status is _PUT_OK:
+                    status, reason = failure[0], reason or failure[1]
+                statuses.append(status.value)
+                reasons.append(reason)
+            self._count_puts(ok_count, ok_bytes, count - ok_count, started)
+        return {"result_columns": {
+            "status": statuses, "queue_id": [message.queue_id for message in messages],
+            "queue_offset": [result.queue_offset for result in results],
+            "physical_offset": [result.physical_offset for result in results],
+            "message_id": [result.message_id for result in results], "reason": reasons}}
+
+    def _count_puts(self, ok_count: int, ok_bytes: int, failed: int, started: float) -> None:
+        self._tally.count_put(ok_count, ok_bytes, failed, time.perf_counter() - started)
 
     def _writable_queue_count(self, topic: str) -> int:
         config = self.sys_config.topic(topic)
@@ -277,16 +305,30 @@ class RequestHandlers:
             config = self.sys_config.topic(topic)
         return config["writeQueueNums"]
 
+    def _plain_messages(self, topic: str, raw_messages: list, queue_count: int) -> list[Message] | None:
+        """The batch's Messages when every one is what a producer sends most (a body and
+        plain properties, nothing else to check), queues assigned round robin; None when
+        any is not, and nothing assigned (``_message`` then checks each and names the
+        faulty one)."""
+        body_bytes_max = protocol.BODY_BYTES_MAX
+        allowed = _BODY_AND_PROPERTIES
+        for raw in raw_messages:
+            if type(raw) is not dict:
+                return None
+            body = raw.get("body")
+            if type(body) is not bytes or len(body) > body_bytes_max or not raw.keys() <= allowed \
+                    or not _plain_properties(raw.get("properties")):
+                return None
+        first = self._round_robin.get(topic, 0)
+        self._round_robin[topic] = (first + len(raw_messages) - 1) % queue_count + 1
+        # positional: topic, body, queue_id, keys, tags, properties (keyword arguments cost more)
+        return [Message(topic, raw["body"], (first + index) % queue_count, (), None, raw.get("properties") or {})
+                for index, raw in enumerate(raw_messages)]
+
     def _message(self, topic: str, raw: object, index: int, queue_count: int) -> Message:
         if not isinstance(raw, dict):
             raise protocol.bad_request(f"messages[{index}] must be a map")
         body = raw.get("body")
-        if type(body) is bytes and len(body) <= protocol.BODY_BYTES_MAX and raw.keys() <= _BODY_AND_PROPERTIES \
-                and _plain_properties(raw.get("properties")):
-            # fast path (what a producer sends most): body and properties only, nothing else to check
-            queue_id = self._round_robin.get(topic, 0) % queue_count
-            self._round_robin[topic] = queue_id + 1
-            return Message(topic, body, queue_id=queue_id, properties=raw.get("properties") or {})
         m = Fields(raw, prefix=f"messages[{index}].")
         if raw.get("queue_id") is None:
             queue_id = self._round_robin.get(topic, 0) % queue_count

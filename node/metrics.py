@@ -2,16 +2,22 @@
 
 A per-node registry (not prometheus_client's global one) lets several nodes share a
 process, as tests do. Store figures are read from ``store.statistics()`` at scrape time.
+The figures every request touches (request counts by outcome, put counts, bytes and
+latency) are plain numbers in a ``RequestTally``, exported by a collector at scrape time:
+a prometheus_client counter or histogram takes a lock on every update, and a send made
+five such updates. Only the trio thread updates and scrapes them.
 """
 
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.utils import floatToGoString
 
 from .config import split_address
 
@@ -19,6 +25,34 @@ log = logging.getLogger(__name__)
 
 REQUEST_HEAD_BYTES_MAX = 8192
 SCRAPE_TIMEOUT_S = 10
+PUT_LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class RequestTally:
+    """Counts of the hot path as plain numbers: requests by (request, response), and puts
+    (messages, bytes, failures, latency histogram). Updated and read on the trio thread."""
+
+    __slots__ = ("requests", "put_messages", "put_bytes", "put_failures", "put_latency_counts",
+                 "put_latency_sum_s")
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str], int] = {}
+        self.put_messages = 0
+        self.put_bytes = 0
+        self.put_failures = 0
+        self.put_latency_counts = [0] * (len(PUT_LATENCY_BUCKETS_S) + 1)   # the last: +Inf
+        self.put_latency_sum_s = 0.0
+
+    def count_request(self, request: str, response: str) -> None:
+        key = (request, response)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def count_put(self, ok_count: int, ok_bytes: int, failed: int, latency_s: float) -> None:
+        self.put_messages += ok_count
+        self.put_bytes += ok_bytes
+        self.put_failures += failed
+        self.put_latency_counts[bisect_left(PUT_LATENCY_BUCKETS_S, latency_s)] += 1
+        self.put_latency_sum_s += latency_s
 
 
 class NodeMetrics:
@@ -28,22 +62,12 @@ class NodeMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = {"node": node_id}
         r = self.registry
-        self.put_messages = Counter("hastore_put_messages", "Messages stored by send requests", registry=r,
-                                    labelnames=["node"]).labels(**labels)
-        self.put_bytes = Counter("hastore_put_bytes", "Bytes written to the CommitLog by send requests",
-                                 registry=r, labelnames=["node"]).labels(**labels)
-        self.put_failures = Counter("hastore_put_failures", "Messages refused or not confirmed", registry=r,
-                                    labelnames=["node"]).labels(**labels)
-        self.put_latency = Histogram("hastore_put_latency_seconds", "Send request latency inside the node",
-                                     registry=r, labelnames=["node"],
-                                     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                              0.1, 0.25, 0.5, 1, 2.5, 5)).labels(**labels)
+        self.tally = RequestTally()
+        r.register(_TallyCollector(node_id, self.tally))
         self.pull_messages = Counter("hastore_pull_messages", "Messages returned by pull requests", registry=r,
                                      labelnames=["node"]).labels(**labels)
         self.pull_bytes = Counter("hastore_pull_bytes", "Message bytes returned by pull requests", registry=r,
                                   labelnames=["node"]).labels(**labels)
-        self.requests = Counter("hastore_requests", "Requests by code and outcome", registry=r,
-                                labelnames=["node", "request", "response"])
         self.connections = Gauge("hastore_connections", "Open client connections", registry=r,
                                  labelnames=["node"]).labels(**labels)
         self.connections_total = Counter("hastore_connections_accepted", "Client connections accepted",
@@ -62,9 +86,6 @@ class NodeMetrics:
         }
         self._node = node_id
 
-    def count_request(self, request: str, response: str) -> None:
-        self.requests.labels(node=self._node, request=request, response=response).inc()
-
     def watch_store(self, store) -> None:
         """Read the store gauges from ``store.statistics()`` at each scrape."""
         for name, gauge in self._store_gauges.items():
@@ -78,6 +99,41 @@ class NodeMetrics:
     def render(self) -> bytes:
         """Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _TallyCollector:
+    """Prometheus collector over a RequestTally (the same metric names as counters and a
+    histogram would have)."""
+
+    def __init__(self, node_id: str, tally: RequestTally) -> None:
+        self._node = node_id
+        self._tally = tally
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        tally, node = self._tally, self._node
+        requests = CounterMetricFamily("hastore_requests", "Requests by code and outcome",
+                                       labels=["node", "request", "response"])
+        for (request, response), count in sorted(tally.requests.items()):
+            requests.add_metric([node, request, response], count)
+        yield requests
+        for name, help_text, value in (
+                ("hastore_put_messages", "Messages stored by send requests", tally.put_messages),
+                ("hastore_put_bytes", "Bytes written to the CommitLog by send requests", tally.put_bytes),
+                ("hastore_put_failures", "Messages refused or not confirmed", tally.put_failures)):
+            family = CounterMetricFamily(name, help_text, labels=["node"])
+            family.add_metric([node], value)
+            yield family
+        latency = HistogramMetricFamily("hastore_put_latency_seconds", "Send request latency inside the node",
+                                        labels=["node"])
+        cumulative, buckets = 0, []
+        for bound, count in zip((*PUT_LATENCY_BUCKETS_S, float("inf")), tally.put_latency_counts):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        latency.add_metric([node], buckets, sum_value=tally.put_latency_sum_s)
+        yield latency
 
 
 class _ReplicationCollector:

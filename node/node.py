@@ -6,7 +6,8 @@
         nursery.cancel_scope.cancel()                   # clean shutdown (abort file removed)
 
 Start order: bind the listeners (so port 0 resolves and the store host is the real client
-address), start the store (recovery) in a worker thread, replay %SYS%CONFIG records past
+address), start the store (recovery) in a worker thread, with its dispatch run in this
+trio loop rather than on a thread of its own (dispatch_loop.py), replay %SYS%CONFIG records past
 the checkpointed config files, take the static role from the config (replication parts
 started, see ha_roles.py) or, with ``zk_hosts``, start the controller agent and wait fenced
 for its assignment (controller_mode.py), then serve. Cancellation persists the config files and
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from dataclasses import dataclass
 
 import trio
@@ -25,6 +27,7 @@ from store import MessageStore
 
 from .config import NodeConfig, split_address
 from .controller_mode import agent_settings, serve_controller_agent
+from .dispatch_loop import serve_dispatch
 from .ha_roles import HaRuntime
 from .handlers import RequestHandlers
 from .metrics import NodeMetrics, open_listeners, serve_metrics
@@ -90,50 +93,56 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
     client_address = _bound_address(client_listeners)
     metrics_address = _bound_address(metrics_listeners)
     ha_address = _bound_address(ha_listeners)
-    store = MessageStore(config.store_config(store_host=client_address))
+    store = MessageStore(config.store_config(store_host=client_address).replace(dispatcher_thread=False))
     await trio.to_thread.run_sync(store.start)
     token = trio.lowlevel.current_trio_token()
+    loop_thread = threading.get_ident()
     listener = None
     sys_config: SysConfig | None = None
     try:
-        sys_config = SysConfig(store)
-        replayed = await trio.to_thread.run_sync(sys_config.replay)
-        log.info("node %s: replayed %d %%SYS%%CONFIG records", config.node_id, replayed)
-        # a slave until the static role (or a controller) says otherwise: no write before HA is up
-        role = RoleMachine(Role.SLAVE, 0, config.master_client_address)
-        ha = HaRuntime(config, store, role, sys_config, ha_listeners, ha_address, client_address)
-        metrics = NodeMetrics(config.node_id)
-        metrics.watch_store(store)
-        metrics.watch_replication(ha.status)
-        server_box: list[ClientServer] = []
-        node_box: list[Node] = []
-        handlers = RequestHandlers(config, store, role, sys_config, metrics,
-                                   status_extra=lambda: {"connections": server_box[0].connections,
-                                                         "client_address": client_address,
-                                                         "ha_address": ha_address,
-                                                         "metrics_address": metrics_address,
-                                                         "replication": ha.status(),
-                                                         "controller": _controller_status(node_box)})
-        handlers.replicas = ha
-        ha.on_confirm_advanced = handlers.waiters.notify_all
-        server = ClientServer(config, handlers, metrics)
-        server_box.append(server)
-
-        def on_dispatch(dispatched_offset: int, grown_queues: set) -> None:
-            # dispatcher thread: hand over without blocking it (shutdown joins this thread),
-            # and only when a long poll waits on a grown queue: a hand-over wakes trio's loop
-            if grown_queues and handlers.waiters.any_waiting(grown_queues):
-                try:
-                    token.run_sync_soon(handlers.waiters.notify, grown_queues)
-                except trio.RunFinishedError:
-                    pass
-
-        listener = on_dispatch
-        store.add_dispatch_listener(on_dispatch)
-        node = Node(config, client_address, metrics_address, store, role, sys_config, handlers, server, metrics, ha,
-                    ha_address)
-        node_box.append(node)
         async with trio.open_nursery() as nursery:
+            await nursery.start(serve_dispatch, store.dispatcher)
+            sys_config = SysConfig(store)
+            replayed = await trio.to_thread.run_sync(sys_config.replay)
+            log.info("node %s: replayed %d %%SYS%%CONFIG records", config.node_id, replayed)
+            # a slave until the static role (or a controller) says otherwise: no write before HA is up
+            role = RoleMachine(Role.SLAVE, 0, config.master_client_address)
+            ha = HaRuntime(config, store, role, sys_config, ha_listeners, ha_address, client_address)
+            metrics = NodeMetrics(config.node_id)
+            metrics.watch_store(store)
+            metrics.watch_replication(ha.status)
+            server_box: list[ClientServer] = []
+            node_box: list[Node] = []
+            handlers = RequestHandlers(config, store, role, sys_config, metrics,
+                                       status_extra=lambda: {"connections": server_box[0].connections,
+                                                             "client_address": client_address,
+                                                             "ha_address": ha_address,
+                                                             "metrics_address": metrics_address,
+                                                             "replication": ha.status(),
+                                                             "controller": _controller_status(node_box)})
+            handlers.replicas = ha
+            ha.on_confirm_advanced = handlers.waiters.notify_all
+            server = ClientServer(config, handlers, metrics)
+            server_box.append(server)
+
+            def on_dispatch(dispatched_offset: int, grown_queues: set) -> None:
+                # only when a long poll waits on a grown queue. Passes run in this loop
+                # (serve_dispatch, or a put's catch_up_for_writes); one on another thread (a
+                # store method run with to_thread) hands over without blocking that thread
+                if grown_queues and handlers.waiters.any_waiting(grown_queues):
+                    if threading.get_ident() == loop_thread:
+                        handlers.waiters.notify(grown_queues)
+                        return
+                    try:
+                        token.run_sync_soon(handlers.waiters.notify, grown_queues)
+                    except trio.RunFinishedError:
+                        pass
+
+            listener = on_dispatch
+            store.add_dispatch_listener(on_dispatch)
+            node = Node(config, client_address, metrics_address, store, role, sys_config, handlers, server, metrics, ha,
+                        ha_address)
+            node_box.append(node)
             await nursery.start(ha.run)
             if config.zk_hosts is None:
                 await _take_static_role(node)

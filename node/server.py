@@ -30,6 +30,7 @@ from .errors import FrameError
 from .handlers import RequestHandlers
 from .metrics import NodeMetrics
 from .protocol import FrameDecoder, RequestCode, ResponseCode
+from .socket_io import receive_some, write_now
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class ClientServer:
                     await writer.write_last(protocol.encode_frame(protocol.error_reply(None, code,
                                                                                        str(decoder.error))))
                     return "broken"
-                data = await stream.receive_some(RECEIVE_BYTES)
+                data = await receive_some(stream, RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return "gone"  # the peer is gone (or the writer stopped because it is)
             if not data:
@@ -193,8 +194,9 @@ class ClientServer:
 
 class ReplyWriter:
     """Writes one connection's replies: at once from the task that has them while the
-    stream is idle, else through a bounded queue that ``run`` (the writer task) drains,
-    joining what is queued into one write. One write at a time, whoever makes it."""
+    stream is idle (straight to the socket when it takes the whole reply), else through a
+    bounded queue that ``run`` (the writer task) drains, joining what is queued into one
+    write. One write at a time, whoever makes it."""
 
     def __init__(self, stream: trio.abc.Stream, queued_max: int) -> None:
         self.stream = stream
@@ -207,12 +209,15 @@ class ReplyWriter:
         if self._writing.locked():
             await self._queue_in.send(data)
             return
-        # acquire_nowait rather than ``async with``: no scheduling point before the write,
-        # so the reply leaves before anything else (another task, the store's dispatcher
-        # thread taking the GIL at the next system call) gets in between
+        # acquire_nowait rather than ``async with``, and the socket tried directly: no
+        # scheduling point before the write, so the reply leaves before anything else
+        # (another task, the store's dispatch pass) gets in between, and none after it
+        # when the socket took it whole (socket_io.py)
         self._writing.acquire_nowait()
         try:
-            await self.stream.send_all(data)
+            sent = write_now(self.stream, data)
+            if sent < len(data):
+                await self.stream.send_all(memoryview(data)[sent:] if sent else data)
         finally:
             self._writing.release()
 

@@ -41,6 +41,11 @@ class StoreConfig:
     # that time share one pass (as RocketMQ's reput service, which polls every 1 ms). Each
     # pass takes the GIL from the writers; 0 dispatches at once, a pass per write.
     dispatch_interval_ms: float = 1.0
+    # False: no dispatcher thread. The store's owner runs the passes in its own loop
+    # (``Dispatcher.dispatch_pass``) when the wake's callback tells it to; the node does,
+    # in its trio loop, so a put never hands the GIL to another thread. A bare store keeps
+    # the thread.
+    dispatcher_thread: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -7,6 +7,14 @@ queue per pass) and one IndexFile entry per KEYS word and per UNIQ_KEY, then adv
 Consumers see a message only once it is dispatched. On its thread, a wake from a write is
 followed by ``dispatch_interval_ms`` of waiting, so the writes of that time share a pass.
 
+Without the thread (``threaded=False``, StoreConfig ``dispatcher_thread: false``) the
+owner runs the passes in its own loop: ``wake`` is then a ``WakeFlag`` whose ``on_set``
+callback the owner installs (a write calls it, from whatever thread wrote), and the owner
+answers it with ``dispatch_pass`` until ``lag_bytes`` is 0. ``stop``/``start`` hold and
+release a gate that ``dispatch_pass`` tries without blocking, so a cut or a shutdown that
+stopped the dispatcher never races a pass. The node runs its store this way, in its trio
+loop (node/dispatch_loop.py).
+
 A pass walks record boundaries here and leaves the rest to ``dispatch_batch``: a few
 records are parsed one by one, a large pass (catching up) with numpy in one go.
 """
@@ -37,6 +45,30 @@ log = logging.getLogger(__name__)
 _COLUMNS_RECORDS_MIN = 128
 
 DispatchListener = Callable[[int, set[tuple[str, int]]], None]
+
+
+class WakeFlag:
+    """The wake of a dispatcher without a thread: the ``threading.Event`` calls a writer
+    makes (``is_set``, ``set``), a flag the owner clears before a pass, and ``on_set``, which
+    ``set`` calls on whichever thread wrote (the owner hands over to its loop from there)."""
+
+    __slots__ = ("_set", "on_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self.on_set: Callable[[], None] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True  # before the callback: a pass the callback starts sees the flag set
+        on_set = self.on_set
+        if on_set is not None:
+            on_set()
+
+    def clear(self) -> None:
+        self._set = False
 
 
 class ConsumeQueueTable:
@@ -105,10 +137,11 @@ class ConsumeQueueTable:
 
 
 class Dispatcher:
-    """Builds the indexes from the CommitLog, synchronously (``dispatch_available``) or on a thread."""
+    """Builds the indexes from the CommitLog, synchronously (``dispatch_available``), on a
+    thread (``threaded``), or in its owner's loop (``dispatch_pass``)."""
 
     def __init__(self, commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService,
-                 batch_bytes_max: int, interval_s: float = 0.0) -> None:
+                 batch_bytes_max: int, interval_s: float = 0.0, *, threaded: bool = True) -> None:
         self.commit_log = commit_log
         self.interval_s = interval_s
         self.queues = queues
@@ -118,7 +151,12 @@ class Dispatcher:
         self.last_store_timestamp = 0
         self.dispatched_messages = 0
         self.lock = threading.Lock()          # held for a pass; truncation takes it too
-        self.wake = threading.Event()
+        self.threaded = threaded
+        self.wake: threading.Event | WakeFlag = threading.Event() if threaded else WakeFlag()
+        # without the thread: held while stopped (stop() to start()), tried by dispatch_pass
+        self._gate = threading.Lock()
+        self._gate.acquire()
+        self._gate_closed = True
         self._listeners: list[DispatchListener] = []
         self._parser = DispatchParser()
         self._thread: threading.Thread | None = None
@@ -126,7 +164,8 @@ class Dispatcher:
         self.error: BaseException | None = None
 
     def add_listener(self, listener: DispatchListener) -> None:
-        """``listener(dispatched_offset, grown_queues)`` runs on the dispatcher thread after each pass."""
+        """``listener(dispatched_offset, grown_queues)`` runs after each pass, on the thread that
+        ran it (the dispatcher thread, the owner's loop, or a caller of ``catch_up``)."""
         self._listeners = self._listeners + [listener]
 
     def remove_listener(self, listener: DispatchListener) -> None:
@@ -198,11 +237,35 @@ class Dispatcher:
             total += self.dispatch_available()
         return total
 
-    # --- thread --------------------------------------------------------------------------
+    # --- thread, or the owner's loop ------------------------------------------------------
     def start(self) -> None:
         self._stopping = False
+        if not self.threaded:
+            if self._gate_closed:
+                self._gate_closed = False
+                self._gate.release()
+            self.wake.set()  # the owner's loop: dispatch what was written while stopped
+            return
         self._thread = threading.Thread(target=self._run, name="dispatcher", daemon=True)
         self._thread.start()
+
+    def dispatch_pass(self, bytes_max: int | None = None) -> int | None:
+        """Without the thread: one pass of up to ``bytes_max`` for the owner's loop (or a
+        caller of ``MessageStore.wait_dispatched``); the number of messages, or None while
+        stopped, while another thread runs a pass, or after a failure (``error``): then the
+        owner waits for the next wake. Never blocks."""
+        invariant(not self.threaded, "dispatch_pass is for a dispatcher without its thread")
+        if self.error is not None or not self._gate.acquire(blocking=False):
+            return None
+        try:
+            self.wake.clear()
+            return self.dispatch_available(bytes_max)
+        except Exception as error:  # surfaced through statistics and health checks, as on the thread
+            self.error = error
+            log.exception("dispatcher stopped: %s", error)
+            return None
+        finally:
+            self._gate.release()
 
     def _run(self) -> None:
         while not self._stopping:
@@ -221,6 +284,11 @@ class Dispatcher:
 
     def stop(self) -> None:
         self._stopping = True
+        if not self.threaded:
+            if not self._gate_closed:
+                self._gate.acquire()  # waits for a pass under way in the owner's loop
+                self._gate_closed = True
+            return
         self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)

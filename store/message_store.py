@@ -7,7 +7,8 @@ It owns the parts (CommitLog, ConsumeQueueTable, IndexService, Dispatcher, Flush
 Checkpoint, ConfigStore, Retention) and wires them; none of them holds a reference back to
 it. Synchronous and thread-safe: puts serialise on the CommitLog's write lock, reads run
 concurrently, and three daemon threads do the background work (dispatch, flush,
-retention) plus one that preallocates the next segment.
+retention) plus one that preallocates the next segment. With ``dispatcher_thread: false``
+the owner runs dispatch in its own loop instead (see dispatcher.py).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class MessageStore:
         self.queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), config.consume_queue_entries_per_file)
         self.index = IndexService(os.path.join(root, "index"), config.index_hash_slots, config.index_max_entries)
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index, config.dispatch_batch_bytes_max,
-                                     config.dispatch_interval_ms / 1000)
+                                     config.dispatch_interval_ms / 1000, threaded=config.dispatcher_thread)
         self.checkpoint: Checkpoint | None = None
         self.flusher: FlushService | None = None
         self.retention: Retention | None = None
@@ -615,7 +616,8 @@ class MessageStore:
 
     # --- background hooks ----------------------------------------------------------------
     def add_dispatch_listener(self, listener) -> None:
-        """``listener(dispatched_offset, grown_queues)`` after each dispatch pass (dispatcher thread)."""
+        """``listener(dispatched_offset, grown_queues)`` after each dispatch pass (on the thread
+        that ran it: see ``Dispatcher.add_listener``)."""
         self.dispatcher.add_listener(listener)
 
     def remove_dispatch_listener(self, listener) -> None:
@@ -638,13 +640,18 @@ class MessageStore:
         )
 
     def wait_dispatched(self, offset: int | None = None, timeout_s: float = 10.0) -> bool:
-        """Block until the dispatcher has reached ``offset`` (default: everything written)."""
+        """Block until the dispatcher has reached ``offset`` (default: everything written).
+        Without a dispatcher thread the passes run here, in the caller's thread (the owner's
+        loop may be the caller, blocked in this call)."""
         target = self.commit_log.max_offset if offset is None else offset
         deadline = time.monotonic() + timeout_s
-        while self.dispatcher.dispatched_offset < target:
-            if time.monotonic() > deadline or self.dispatcher.error is not None:
+        dispatcher = self.dispatcher
+        while dispatcher.dispatched_offset < target:
+            if time.monotonic() > deadline or dispatcher.error is not None:
                 return False
-            self.dispatcher.wake.set()
+            if not dispatcher.threaded and dispatcher.dispatch_pass():
+                continue
+            dispatcher.wake.set()
             time.sleep(0.001)
         return True
 

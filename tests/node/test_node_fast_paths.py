@@ -182,3 +182,111 @@ async def test_a_caller_cancelled_while_waiting_leaves_its_send_unknown():
             assert stats.unknown_messages == 1 and stats.sent_messages == stats.failed_messages == 0
             assert connection is not None and connection._pending == {}  # its reply is no longer awaited
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_batch_answered_in_columns_matches_the_per_message_answer(memory_node):
+    async with trio.open_nursery() as nursery:
+        connection = await memory_node.connect(nursery)
+        await connection.request(RequestCode.TOPIC_CREATE, topic="cols", queue_count=3)
+        plain = [{"body": b"a%d" % i, "properties": {"UNIQ_KEY": "U%d" % i}} for i in range(4)]
+        maps = (await connection.request(RequestCode.SEND, topic="cols", messages=plain))["results"]
+        columns = (await connection.request(RequestCode.SEND, topic="cols", messages=plain,
+                                            result_columns=True))["result_columns"]
+        assert [m["queue_id"] for m in maps] == [0, 1, 2, 0]      # round robin, per batch ...
+        assert columns["queue_id"] == [1, 2, 0, 1]                # ... carried on to the next
+        assert columns["status"] == ["PUT_OK"] * 4 and columns["reason"] == [""] * 4
+        assert len(set(columns["message_id"])) == 4
+        assert [m["queue_offset"] for m in maps] + columns["queue_offset"] == [0, 0, 0, 1, 1, 1, 2, 2]
+        # a batch with one message the fast path does not take: every message is checked
+        # one by one, the refused one is named, the others are written
+        mixed = plain[:2] + [{"body": b"k", "keys": ["two words"]}] + [{"body": b"q", "queue_id": 2}]
+        columns = (await connection.request(RequestCode.SEND, topic="cols", messages=mixed,
+                                            result_columns=True))["result_columns"]
+        assert columns["status"] == ["PUT_OK", "PUT_OK", "MESSAGE_ILLEGAL", "PUT_OK"]
+        assert columns["queue_id"] == [2, 0, 1, 2] and "two words" in columns["reason"][2]
+        assert columns["reason"][:2] == ["", ""] and columns["queue_offset"][2] == -1
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_the_producer_reads_column_replies_and_counts_refusals(node):
+    async with open_producer(node.client_address) as producer:
+        results = await producer.send_batch("prod-cols", [OutgoingMessage(b"x", queue_id=0),
+                                                         OutgoingMessage(b"y", properties={"bad\x01": "v"}),
+                                                         OutgoingMessage(b"z", queue_id=0)])
+        stats = producer.statistics()
+    assert [r.status for r in results] == ["PUT_OK", "MESSAGE_ILLEGAL", "PUT_OK"]
+    assert [r.queue_offset for r in results] == [0, -1, 1] and results[1].reason
+    assert stats.sent_messages == 2 and stats.failed_messages == 1
+
+
+@pytest.mark.trio
+async def test_requests_and_replies_written_straight_to_the_socket_arrive_whole(node):
+    # frames from a few hundred bytes to 8 MiB: the socket takes the small ones at once and
+    # the rest goes through send_all, on both ends, with pipelined requests in between
+    from node.client import open_connection
+    async with open_connection(node.client_address) as connection:
+        sizes = [10, 1000, 200_000, 3_000_000, 50]
+        pendings = [await connection.submit(RequestCode.SEND, topic="big", messages=[{"body": b"s" * size}])
+                    for size in sizes]
+        replies = [await pending.wait() for pending in pendings]
+        assert [r["results"][0]["status"] for r in replies] == ["PUT_OK"] * len(sizes)
+        offsets = [r["results"][0]["queue_offset"] for r in replies]
+        pulled = await connection.request(RequestCode.PULL, topic="big", queue_id=replies[3]["results"][0]["queue_id"],
+                                          offset=offsets[3], max_count=1, timeout_ms=5_000)  # until dispatched
+        assert pulled["messages"][0]["body"] == b"s" * 3_000_000
+
+
+@pytest.mark.trio
+async def test_late_replies_time_out_exactly_per_timeout_and_answered_ones_never(autojump_clock):
+    # a fake node that answers only odd opaques, and those only after 3 s
+    from node.client import connect_stream
+    from node.errors import ConnectionLostError, RequestTimeoutError
+    from node.protocol import encode_frame
+    client_end, server_end = trio.testing.memory_stream_pair()
+
+    async def fake_node():
+        decoder = FrameDecoder()
+        async with trio.open_nursery() as nursery:
+            while data := await server_end.receive_some(65536):
+                for frame in decoder.feed(data):
+                    if frame["opaque"] % 2:
+                        async def answer(opaque=frame["opaque"]):
+                            await trio.sleep(3)
+                            await server_end.send_all(encode_frame({"code": 0, "opaque": opaque, "flags": 1}))
+                        nursery.start_soon(answer)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fake_node)
+        connection = await connect_stream(client_end, "fake", nursery)
+        outcomes = {}
+
+        async def one(name: str, timeout_ms: int | None) -> None:
+            pending = await connection.submit(RequestCode.STATUS)
+            started = trio.current_time()
+            try:
+                await pending.wait(timeout_ms)
+                outcomes[name] = ("ok", trio.current_time() - started)
+            except RequestTimeoutError:
+                outcomes[name] = ("timeout", trio.current_time() - started)
+            except ConnectionLostError:
+                outcomes[name] = ("lost", trio.current_time() - started)
+            connection.forget(pending)
+        async with trio.open_nursery() as requests:
+            for name, timeout_ms in (("a", 10_000), ("b", 10_000), ("c", 2_000), ("d", 5_000), ("e", 1_000),
+                                     ("f", None)):
+                requests.start_soon(one, name, timeout_ms)
+                await trio.sleep(0.1)
+            await trio.sleep(20)
+            # f (opaque 6) has no timeout and no answer: it waits until the connection closes
+            assert "f" not in outcomes
+            await connection.aclose()
+        # opaques 1, 3, 5 (a, c, e) are answered after 3 s; 2 and 4 (b, d) never
+        assert outcomes["a"] == ("ok", pytest.approx(3, abs=0.01))
+        assert outcomes["b"] == ("timeout", pytest.approx(10, abs=0.01))
+        assert outcomes["c"] == ("timeout", pytest.approx(2, abs=0.01))   # its answer came too late
+        assert outcomes["d"] == ("timeout", pytest.approx(5, abs=0.01))
+        assert outcomes["e"] == ("timeout", pytest.approx(1, abs=0.01))
+        assert outcomes["f"][0] == "lost"
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,89 @@
+"""The store's dispatch, run in the node's trio loop instead of on the dispatcher thread.
+
+    store = MessageStore(config.replace(dispatcher_thread=False))
+    store.start()
+    await nursery.start(serve_dispatch, store.dispatcher)
+
+A put on the trio thread used to wake the dispatcher thread, and each GIL hand-over
+between that thread and the trio thread costs tens of microseconds on a small machine,
+on the put's own round trip. Here a put only sets the wake flag and an event; the pass
+runs as a trio task, which is scheduled after the request's reply has been written (the
+reader writes it without a scheduling point). As on the thread, a wake is followed by
+the store's ``dispatch_interval_ms`` of waiting, so the puts of that time share a pass
+(a pass has a fixed cost, and one of 128 records or more is parsed with numpy) and the
+puts in between call nothing (the flag is already set). Passes are bounded
+(``PASS_BYTES_MAX``) with a checkpoint between them, so a backlog (a slave's replicated
+bytes, a restart) never holds the loop for long.
+
+Writes from other threads (a slave's replicated appends run in worker threads) hand the
+wake over with ``TrioToken.run_sync_soon``, which never blocks them.
+``MessageStore.wait_dispatched`` (role changes, %SYS%CONFIG replay) runs passes itself in
+the thread that waits; passes are serialised by the dispatcher's lock either way. Dispatch
+listeners (long polls) run on the thread of the pass: the node's listener notifies at once
+on the trio thread and hands over from any other. When the task ends (the node stopping),
+``MessageStore.shutdown`` dispatches the rest itself.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+
+from store.dispatcher import Dispatcher, WakeFlag
+from store.errors import invariant
+
+# Bytes of CommitLog per pass in the loop: about a millisecond of work for 1 KiB messages,
+# so other requests wait at most that long behind a backlog's dispatch.
+PASS_BYTES_MAX = 256 * 1024
+
+
+class _LoopWake:
+    """``WakeFlag.on_set`` for a trio loop: sets an event on the trio thread, hands the set
+    over from any other thread."""
+
+    def __init__(self) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        self.loop_thread = threading.get_ident()
+        self.event = trio.Event()
+
+    def __call__(self) -> None:
+        if threading.get_ident() == self.loop_thread:
+            self.event.set()
+            return
+        try:
+            self.token.run_sync_soon(self._set)
+        except trio.RunFinishedError:
+            pass  # the node is stopping: shutdown dispatches what is left
+
+    def _set(self) -> None:
+        self.event.set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        self.event = trio.Event()
+
+
+async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_BYTES_MAX,
+                         task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``dispatcher``'s passes in this trio loop until cancelled, each wake followed by
+    the dispatcher's ``interval_s``. The dispatcher must have no thread of its own
+    (StoreConfig ``dispatcher_thread: false``)."""
+    invariant(not dispatcher.threaded and isinstance(dispatcher.wake, WakeFlag),
+              "serve_dispatch needs a dispatcher without its thread")
+    wake = _LoopWake()
+    dispatcher.wake.on_set = wake
+    try:
+        task_status.started()
+        while True:
+            # a pass first, also on entry: it clears a flag set before on_set was installed
+            # (a writer that finds the flag set calls nothing)
+            if dispatcher.dispatch_pass(pass_bytes_max) is None or dispatcher.lag_bytes <= 0:
+                # caught up, or stopped (a cut in progress: start() sets the wake) or failed
+                await wake.wait()
+                if dispatcher.interval_s:
+                    await trio.sleep(dispatcher.interval_s)  # the puts of this time join the pass
+            else:
+                await trio.lowlevel.checkpoint()  # a backlog: let other tasks run between passes
+    finally:
+        dispatcher.wake.on_set = None
