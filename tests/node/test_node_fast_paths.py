@@ -3,6 +3,7 @@ for the writer task when it is not), long polls interleaved with inline replies 
 connection, and the Producer sending from the caller's task when nothing else is pending,
 while concurrent sends still gather into batches and unknown outcomes stay unknown."""
 
+import re
 from functools import partial
 
 import pytest
@@ -10,7 +11,7 @@ import trio
 import trio.testing
 
 from node.client import OutgoingMessage, open_producer
-from node.errors import UnknownOutcomeError
+from node.errors import RequestError, UnknownOutcomeError
 from node.protocol import FrameDecoder, RequestCode
 from node.server import ReplyWriter
 
@@ -289,4 +290,24 @@ async def test_late_replies_time_out_exactly_per_timeout_and_answered_ones_never
         assert outcomes["d"] == ("timeout", pytest.approx(5, abs=0.01))
         assert outcomes["e"] == ("timeout", pytest.approx(1, abs=0.01))
         assert outcomes["f"][0] == "lost"
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("odd_one, error", [
+    ({"body": b"x", "properties": {"n": 5}}, "messages[2].properties"),
+    ({"body": b"x", "properties": {7: "v"}}, "messages[2].properties"),
+    ({"body": b"x", "properties": ["n", "v"]}, "messages[2].properties"),
+    ({"body": "not bytes"}, "messages[2].body"),
+    ({"body": b"x", "properties": {f"p{i}": "v" for i in range(257)}}, "messages[2].properties"),
+])
+async def test_a_batch_the_column_check_turns_down_is_checked_message_by_message(memory_node, odd_one, error):
+    async with trio.open_nursery() as nursery:
+        connection = await memory_node.connect(nursery)
+        await connection.request(RequestCode.TOPIC_CREATE, topic="odd", queue_count=2)
+        batch = [{"body": b"a"}, {"body": b"b", "properties": None}, odd_one, {"body": b"c", "properties": {}}]
+        with pytest.raises(RequestError, match=rf"BAD_REQUEST: field {re.escape(error)}"):
+            await connection.request(RequestCode.SEND, topic="odd", messages=batch)
+        fine = await connection.request(RequestCode.SEND, topic="odd", messages=[batch[0], batch[1], batch[3]])
+        assert [result["status"] for result in fine["results"]] == ["PUT_OK"] * 3
         nursery.cancel_scope.cancel()
