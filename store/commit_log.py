@@ -150,10 +150,7 @@ class CommitLog:
     def append(self, batch: list[PreparedMessage]) -> list[PutResult]:
         """Write a batch with as few copies as the segment boundaries allow."""
         with self._write_lock:
-            if self._closed:
-                raise StoreError("commit log is closed")
-            store_timestamp = max(now_ms(), self.last_store_timestamp)
-            self.last_store_timestamp = store_timestamp
+            store_timestamp = self._store_timestamp()
             results: list[PutResult] = []
             index = 0
             while index < len(batch):
@@ -166,6 +163,14 @@ class CommitLog:
                 index = self._append_to_segment(segment, batch, index, store_timestamp, results)
             self._populate_ahead()
             return results
+
+    def _store_timestamp(self) -> int:
+        """The store time of the batch being written (under the write lock): never earlier
+        than the last one, so store times follow the log's order."""
+        if self._closed:
+            raise StoreError("commit log is closed")
+        self.last_store_timestamp = max(now_ms(), self.last_store_timestamp)
+        return self.last_store_timestamp
 
     def _populate_ahead(self) -> None:
         """Keep the pages ahead of the writer faulted in by the preallocator's thread; asked
@@ -251,10 +256,7 @@ class CommitLog:
         same messages, placed a segment's worth of messages at a time without a Python loop
         per message."""
         with self._write_lock:
-            if self._closed:
-                raise StoreError("commit log is closed")
-            store_timestamp = max(now_ms(), self.last_store_timestamp)
-            self.last_store_timestamp = store_timestamp
+            store_timestamp = self._store_timestamp()
             results: list[PutResult] = []
             total = len(columns.sizes)
             start = 0
