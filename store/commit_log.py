@@ -23,11 +23,11 @@ from itertools import accumulate, repeat
 from typing import Iterator, NamedTuple
 
 from . import codec
-from .put_batch import BatchColumns, encode_run, queue_offsets_for
 from .codec import CorruptMessage, StoredMessage
 from .errors import DiskFullError, MessageNotFound, StoreCorruptError, StoreError, invariant
 from .mapped_file_queue import MappedFileQueue
 from .message import PutResult, PutStatus
+from .put_batch import BatchColumns, encode_run, queue_offsets_for
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,12 @@ rolls to a new file, truncates everything past an offset (zeroing the cut-off ta
 can never be read as valid later) and drops whole files from the front for retention.
 With ``preallocate`` a background thread creates the next file while the writer still
 fills the current one, so a roll does not stall the writer, brings in the first pages of
-each file it creates, and, asked by a writer that appends megabytes at a time
-(``populate_ahead``: replication), keeps a bounded window of pages ahead of that writer in
-the page cache (``MappedFile.populate``): brought in there, a page costs a fraction of
-what the writer pays to fault it in itself, and on another core. The window is bounded so
-that a slow writer does not pay for a whole segment up front.
+each file it creates, and, asked by a writer (``populate_ahead``), keeps a bounded window
+of pages ahead of it: in the page cache for replication, which writes megabytes at a time
+with ``pwrite`` (``MappedFile.populate``), and faulted in writable for puts, which copy
+into the mapping (``MappedFile.populate_for_write``). Brought in there, a page costs a
+fraction of what the writer pays to fault it in itself, and on another core. The window
+is bounded so that a slow writer does not pay for a whole segment up front.
 """
 
 from __future__ import annotations
