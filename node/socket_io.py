@@ -51,9 +51,7 @@ def _read_now(socket, max_bytes: int) -> bytes | None:
     except BlockingIOError:
         return None
     except OSError as error:
-        if error.errno == errno.EBADF:
-            raise trio.ClosedResourceError("the socket was closed") from error
-        raise trio.BrokenResourceError(f"socket read failed: {error}") from error
+        raise _stream_error(error, "read") from error
 
 
 def write_now(stream: trio.abc.Stream, data: bytes | memoryview) -> int:
@@ -70,6 +68,11 @@ def write_now(stream: trio.abc.Stream, data: bytes | memoryview) -> int:
     except BlockingIOError:
         return 0
     except OSError as error:
-        if error.errno == errno.EBADF:
-            raise trio.ClosedResourceError("the socket was closed") from error
-        raise trio.BrokenResourceError(f"socket write failed: {error}") from error
+        raise _stream_error(error, "write") from error
+
+
+def _stream_error(error: OSError, action: str) -> trio.ClosedResourceError | trio.BrokenResourceError:
+    """What trio's own stream raises for a failed socket call: closed (EBADF) or broken."""
+    if error.errno == errno.EBADF:
+        return trio.ClosedResourceError("the socket was closed")
+    return trio.BrokenResourceError(f"socket {action} failed: {error}")
