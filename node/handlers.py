@@ -240,35 +240,21 @@ class RequestHandlers:
         """Per-message results, as one map each (``results``) or, when the request asked for
         ``result_columns``, as one list per field; ``failure`` replaces PUT_OK for every
         written message."""
+        reply = self._result_columns(messages, results, started, failure)
         if columns:
-            return self._result_columns(messages, results, started, failure)
-        replies = []
-        ok_count = ok_bytes = failed = 0
-        for message, result in zip(messages, results):
-            status = result.status
-            if status is _PUT_OK and failure is None:
-                # the common case, kept short: a batch builds one of these per message
-                ok_count += 1
-                ok_bytes += result.wrote_bytes
-                replies.append({"status": "PUT_OK", "queue_id": message.queue_id,
-                                "queue_offset": result.queue_offset, "physical_offset": result.physical_offset,
-                                "message_id": result.message_id})
-                continue
-            if status is _PUT_OK:
-                status = failure[0]
-            failed += 1
-            item = {"status": status.value, "queue_id": message.queue_id, "queue_offset": result.queue_offset,
-                    "physical_offset": result.physical_offset, "message_id": result.message_id}
-            if result.reason or status is not result.status:
-                item["reason"] = result.reason or failure[1]
-            replies.append(item)
-        self._count_puts(ok_count, ok_bytes, failed, started)
-        return {"results": replies}
+            return {"result_columns": reply}
+        return {"results": [
+            {"status": status, "queue_id": queue_id, "queue_offset": queue_offset, "physical_offset": physical_offset,
+             "message_id": message_id, **({"reason": reason} if reason else {})}
+            for status, queue_id, queue_offset, physical_offset, message_id, reason in zip(
+                reply["status"], reply["queue_id"], reply["queue_offset"], reply["physical_offset"],
+                reply["message_id"], reply["reason"])]}
 
     def _result_columns(self, messages, results, started: float, failure: tuple[PutStatus, str] | None) -> dict:
-        """``result_columns``: status, queue_id, queue_offset, physical_offset, message_id and
-        reason, one list each, in the batch's order (reason "" for a message without one).
-        A batch is one reply of a few lists instead of a map per message, on both ends."""
+        """status, queue_id, queue_offset, physical_offset, message_id and reason, one list
+        each, in the batch's order (reason "" for a message without one), with the puts
+        counted. A batch asked for ``result_columns`` is answered with these lists: a few
+        lists instead of a map per message, on both ends."""
         count = len(results)
         if failure is None and all(result.status is _PUT_OK for result in results):
             statuses = ["PUT_OK"] * count
@@ -287,11 +273,11 @@ class RequestHandlers:
                 statuses.append(status.value)
                 reasons.append(reason)
             self._count_puts(ok_count, ok_bytes, count - ok_count, started)
-        return {"result_columns": {
+        return {
             "status": statuses, "queue_id": [message.queue_id for message in messages],
             "queue_offset": [result.queue_offset for result in results],
             "physical_offset": [result.physical_offset for result in results],
-            "message_id": [result.message_id for result in results], "reason": reasons}}
+            "message_id": [result.message_id for result in results], "reason": reasons}
 
     def _count_puts(self, ok_count: int, ok_bytes: int, failed: int, started: float) -> None:
         self._tally.count_put(ok_count, ok_bytes, failed, time.perf_counter() - started)
