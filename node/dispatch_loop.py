@@ -38,23 +38,35 @@ from store.errors import invariant
 PASS_BYTES_MAX = 256 * 1024
 
 
-class _LoopWake:
-    """``WakeFlag.on_set`` for a trio loop: sets an event on the trio thread, hands the set
-    over from any other thread."""
+class LoopCaller:
+    """Calls a function in the trio loop it was made in: at once on the loop's thread, else
+    handed over with ``TrioToken.run_sync_soon``, which never blocks the calling thread.
+    Once the loop has finished, the call is dropped (the node is stopping)."""
 
     def __init__(self) -> None:
         self.token = trio.lowlevel.current_trio_token()
         self.loop_thread = threading.get_ident()
+
+    def call(self, function, *args) -> None:
+        if threading.get_ident() == self.loop_thread:
+            function(*args)
+            return
+        try:
+            self.token.run_sync_soon(function, *args)
+        except trio.RunFinishedError:
+            pass
+
+
+class _LoopWake:
+    """``WakeFlag.on_set`` for a trio loop: sets an event in the loop, from any thread (a
+    wake dropped while the node stops is harmless: shutdown dispatches what is left)."""
+
+    def __init__(self) -> None:
+        self._caller = LoopCaller()
         self.event = trio.Event()
 
     def __call__(self) -> None:
-        if threading.get_ident() == self.loop_thread:
-            self.event.set()
-            return
-        try:
-            self.token.run_sync_soon(self._set)
-        except trio.RunFinishedError:
-            pass  # the node is stopping: shutdown dispatches what is left
+        self._caller.call(self._set)
 
     def _set(self) -> None:
         self.event.set()

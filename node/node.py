@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 from dataclasses import dataclass
 
 import trio
@@ -27,7 +26,7 @@ from store import MessageStore
 
 from .config import NodeConfig, split_address
 from .controller_mode import agent_settings, serve_controller_agent
-from .dispatch_loop import serve_dispatch
+from .dispatch_loop import LoopCaller, serve_dispatch
 from .ha_roles import HaRuntime
 from .handlers import RequestHandlers
 from .metrics import NodeMetrics, open_listeners, serve_metrics
@@ -95,8 +94,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
     ha_address = _bound_address(ha_listeners)
     store = MessageStore(config.store_config(store_host=client_address).replace(dispatcher_thread=False))
     await trio.to_thread.run_sync(store.start)
-    token = trio.lowlevel.current_trio_token()
-    loop_thread = threading.get_ident()
+    in_loop = LoopCaller()
     listener = None
     sys_config: SysConfig | None = None
     try:
@@ -130,13 +128,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
                 # (serve_dispatch, or a put's catch_up_for_writes); one on another thread (a
                 # store method run with to_thread) hands over without blocking that thread
                 if grown_queues and handlers.waiters.any_waiting(grown_queues):
-                    if threading.get_ident() == loop_thread:
-                        handlers.waiters.notify(grown_queues)
-                        return
-                    try:
-                        token.run_sync_soon(handlers.waiters.notify, grown_queues)
-                    except trio.RunFinishedError:
-                        pass
+                    in_loop.call(handlers.waiters.notify, grown_queues)
 
             listener = on_dispatch
             store.add_dispatch_listener(on_dispatch)
