@@ -238,46 +238,43 @@ class RequestHandlers:
     def _send_reply(self, messages, results, started: float, failure: tuple[PutStatus, str] | None,
                     columns: bool = False) -> dict:
         """Per-message results, as one map each (``results``) or, when the request asked for
-        ``result_columns``, as one list per field; ``failure`` replaces PUT_OK for every
-        written message."""
-        reply = self._result_columns(messages, results, started, failure)
+        ``result_columns``, as one list per field (status, queue_id, queue_offset,
+        physical_offset, message_id, reason; reason "" for a message without one): a few
+        lists instead of a map per message, on both ends. ``failure`` replaces PUT_OK for
+        every written message."""
+        statuses, reasons = self._statuses(results, started, failure)
         if columns:
-            return {"result_columns": reply}
+            return {"result_columns": {
+                "status": statuses, "queue_id": [message.queue_id for message in messages],
+                "queue_offset": [result.queue_offset for result in results],
+                "physical_offset": [result.physical_offset for result in results],
+                "message_id": [result.message_id for result in results], "reason": reasons}}
         return {"results": [
-            {"status": status, "queue_id": queue_id, "queue_offset": queue_offset, "physical_offset": physical_offset,
-             "message_id": message_id, **({"reason": reason} if reason else {})}
-            for status, queue_id, queue_offset, physical_offset, message_id, reason in zip(
-                reply["status"], reply["queue_id"], reply["queue_offset"], reply["physical_offset"],
-                reply["message_id"], reply["reason"])]}
+            {"status": status, "queue_id": message.queue_id, "queue_offset": result.queue_offset,
+             "physical_offset": result.physical_offset, "message_id": result.message_id,
+             **({"reason": reason} if reason else {})}
+            for status, message, result, reason in zip(statuses, messages, results, reasons)]}
 
-    def _result_columns(self, messages, results, started: float, failure: tuple[PutStatus, str] | None) -> dict:
-        """status, queue_id, queue_offset, physical_offset, message_id and reason, one list
-        each, in the batch's order (reason "" for a message without one), with the puts
-        counted. A batch asked for ``result_columns`` is answered with these lists: a few
-        lists instead of a map per message, on both ends."""
+    def _statuses(self, results, started: float, failure: tuple[PutStatus, str] | None) -> tuple[list, list]:
+        """Each result's status name and reason ("" for none) after ``failure``, with the
+        puts counted."""
         count = len(results)
         if failure is None and all(result.status is _PUT_OK for result in results):
-            statuses = ["PUT_OK"] * count
-            reasons = [""] * count
             self._count_puts(count, sum(result.wrote_bytes for result in results), 0, started)
-        else:
-            statuses, reasons = [], []
-            ok_count = ok_bytes = 0
-            for result in results:
-                status, reason = result.status, result.reason
-                if status is _PUT_OK and failure is None:
-                    ok_count += 1
-                    ok_bytes += result.wrote_bytes
-                elif status is _PUT_OK:
-                    status, reason = failure[0], reason or failure[1]
-                statuses.append(status.value)
-                reasons.append(reason)
-            self._count_puts(ok_count, ok_bytes, count - ok_count, started)
-        return {
-            "status": statuses, "queue_id": [message.queue_id for message in messages],
-            "queue_offset": [result.queue_offset for result in results],
-            "physical_offset": [result.physical_offset for result in results],
-            "message_id": [result.message_id for result in results], "reason": reasons}
+            return ["PUT_OK"] * count, [""] * count
+        statuses, reasons = [], []
+        ok_count = ok_bytes = 0
+        for result in results:
+            status, reason = result.status, result.reason
+            if status is _PUT_OK and failure is None:
+                ok_count += 1
+                ok_bytes += result.wrote_bytes
+            elif status is _PUT_OK:
+                status, reason = failure[0], reason or failure[1]
+            statuses.append(status.value)
+            reasons.append(reason)
+        self._count_puts(ok_count, ok_bytes, count - ok_count, started)
+        return statuses, reasons
 
     def _count_puts(self, ok_count: int, ok_bytes: int, failed: int, started: float) -> None:
         self._tally.count_put(ok_count, ok_bytes, failed, time.perf_counter() - started)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 
 import msgpack
 
@@ -76,16 +77,34 @@ class ResponseCode(enum.IntEnum):
 
 
 # --- framing -----------------------------------------------------------------------------
+# One msgpack Packer per thread, kept: ``msgpack.packb`` builds a Packer (and its buffer) on
+# every call, which costs as much as packing a small reply. A Packer keeps the largest
+# buffer it grew to, so one that packed a big frame is dropped after it.
+_packers = threading.local()
+_PACKER_KEPT_BYTES_MAX = 1 << 20
+
+
 def encode_frame(payload: dict) -> bytes:
     """One frame: length prefix + msgpack map. Refuses payloads over FRAME_BYTES_MAX."""
-    packed = msgpack.packb(payload, use_bin_type=True)
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        packed = packer.pack(payload)
+    except BaseException:
+        del _packers.packer  # a pack that failed half way may leave bytes behind in the buffer
+        raise
+    if len(packed) > _PACKER_KEPT_BYTES_MAX:
+        del _packers.packer
     if len(packed) > FRAME_BYTES_MAX:
         raise FrameError(f"frame of {len(packed)} bytes is over the {FRAME_BYTES_MAX} byte limit")
     return LENGTH.pack(len(packed)) + packed
 
 
-def decode_payload(packed: bytes) -> object:
-    """The msgpack object of one frame; FrameError when it is not msgpack at all."""
+def decode_payload(packed) -> object:
+    """The msgpack object of one frame (any bytes-like object; what it decodes to holds no
+    reference to it); FrameError when it is not msgpack at all."""
     try:
         return msgpack.unpackb(packed, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException, TypeError, UnicodeDecodeError) as error:
@@ -112,29 +131,46 @@ class FrameDecoder:
     def feed(self, data: bytes) -> list[object]:
         if self.error is not None:
             raise self.error
-        self._buffer += data
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            with memoryview(buffer) as view:  # released before the buffer is resized
+                frames, position = self._split(view)
+            if self.error is not None:
+                buffer.clear()
+            elif position:
+                del buffer[:position]
+            return frames
+        # nothing buffered (the usual case): frames are decoded straight from ``data`` and
+        # only a partial frame at its end is kept
+        with memoryview(data) as view:
+            frames, position = self._split(view)
+            if self.error is None and position < len(view):
+                buffer += view[position:]
+        return frames
+
+    def _split(self, view: memoryview) -> tuple[list[object], int]:
+        """The whole frames at the start of ``view``, decoded, and where they end (setting
+        ``error`` at an oversized length or an undecodable frame)."""
         frames = []
         position = 0
-        buffer = self._buffer
-        while len(buffer) - position >= LENGTH.size:
-            (length,) = LENGTH.unpack_from(buffer, position)
+        size = len(view)
+        unpack_length = LENGTH.unpack_from
+        while size - position >= LENGTH.size:
+            (length,) = unpack_length(view, position)
             if length > self.frame_bytes_max:
                 self.error = FrameTooLarge(f"frame of {length} bytes is over the {self.frame_bytes_max} byte limit")
                 break
             end = position + LENGTH.size + length
-            if end > len(buffer):
+            if end > size:
                 break
             try:
-                frames.append(decode_payload(bytes(buffer[position + LENGTH.size:end])))
+                frames.append(decode_payload(view[position + LENGTH.size:end]))
             except FrameError as error:
                 self.error = error
                 break
             position = end
-        if self.error is not None:
-            buffer.clear()
-        elif position:
-            del buffer[:position]
-        return frames
+        return frames, position
 
     def feed_strict(self, data: bytes) -> list[object]:
         """``feed``, raising the FrameError at once if the data broke the framing."""

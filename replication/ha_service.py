@@ -136,6 +136,7 @@ class HAService:
         # (under a controller) may have new messages
         self.on_confirm_advanced: Callable[[], None] | None = None
         self._appended = trio.Event()
+        self._senders_waiting = 0  # senders parked on _appended (a put renews it only for them)
         self._sync_state_wake = trio.Event()
         self._waiters: list[tuple[int, int, _Waiter]] = []
         self._sequence = itertools.count()
@@ -146,9 +147,11 @@ class HAService:
 
     # --- the put path --------------------------------------------------------------------
     def notify_appended(self) -> None:
-        """Wake the senders: the log grew (cheap; call after every local write)."""
-        self._appended.set()
-        self._appended = trio.Event()
+        """Wake the senders: the log grew (cheap; call after every local write). A sender not
+        parked looks at the log's end before it parks again, so only parked ones need it."""
+        if self._senders_waiting:
+            self._appended.set()
+            self._appended = trio.Event()
         if len(self.tracker.sync_state_set) == 1:
             self._advance_confirm()  # the master alone is the whole sync-state set
 
@@ -352,9 +355,15 @@ class HAService:
                 await frames.send((offset, header, data))
                 offset += len(data)
                 continue
+            # no checkpoint between the look at the log's end above and parking here, so no
+            # put on this thread can slip in between unseen
             wake = self._appended
-            with trio.move_on_after(IDLE_POLL_MS / 1000):
-                await wake.wait()
+            self._senders_waiting += 1
+            try:
+                with trio.move_on_after(IDLE_POLL_MS / 1000):
+                    await wake.wait()
+            finally:
+                self._senders_waiting -= 1
 
     async def _send_frames(self, stream, replica: ReplicaProgress, frames: trio.MemoryReceiveChannel) -> None:
         """Write frames to the slave; a heartbeat after ``heartbeat_interval_ms`` without one."""

@@ -3,6 +3,7 @@
 import msgpack
 import pytest
 import trio
+from hypothesis import given, settings, strategies as st
 
 from node import protocol
 from node.errors import FrameError, NotMasterError, RequestError
@@ -20,6 +21,22 @@ def test_frames_split_anywhere_decode_the_same():
             out.extend(decoder.feed(stream[start:start + chunk]))
         assert out == frames
         assert decoder.buffered_bytes == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=12), st.data())
+def test_frames_decode_the_same_for_any_chunking(bodies, data):
+    # chunks that end mid-length, mid-frame and exactly on frame ends, with and without
+    # bytes left over from the previous chunk
+    frames = [{"code": 10, "opaque": i, "body": body} for i, body in enumerate(bodies)]
+    stream = b"".join(protocol.encode_frame(f) for f in frames)
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(stream) - 1), max_size=20)))
+    decoder = FrameDecoder()
+    out = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+        out.extend(decoder.feed(bytearray(stream[start:end])))
+    assert out == frames
+    assert decoder.buffered_bytes == 0 and decoder.error is None
 
 
 def test_oversized_length_breaks_the_decoder_for_good():
@@ -44,6 +61,17 @@ def test_good_frames_before_a_broken_one_are_kept():
 def test_encode_refuses_frames_over_the_limit():
     with pytest.raises(FrameError):
         protocol.encode_frame({"body": b"x" * (protocol.FRAME_BYTES_MAX + 1)})
+
+
+def test_encode_after_a_failed_or_a_big_frame_is_exact():
+    # the per-thread Packer is kept between frames: nothing of an earlier frame may leak
+    small = {"code": 10, "opaque": 1, "body": b"x"}
+    with pytest.raises(TypeError):
+        protocol.encode_frame({"code": 10, "opaque": 2, "list": [b"y" * 1000, object()]})
+    assert protocol.encode_frame(small) == protocol.LENGTH.pack(len(msgpack.packb(small))) + msgpack.packb(small)
+    big = {"code": 10, "opaque": 3, "body": b"z" * (3 << 20)}
+    assert FrameDecoder().feed(protocol.encode_frame(big)) == [big]
+    assert FrameDecoder().feed(protocol.encode_frame(small)) == [small]
 
 
 @pytest.mark.trio
