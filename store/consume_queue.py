@@ -93,6 +93,17 @@ class ConsumeQueue:
         above ``max_offset`` is allowed only for an empty queue (its first entry may be
         anywhere: replicas and retention start queues past 0).
         """
+        if first_queue_offset == self.max_offset:
+            # the usual call, right after the last entry and inside the last file: one copy
+            files = self.files.files
+            if files:
+                mapped = files[-1]
+                position = first_queue_offset * ENTRY_BYTES - mapped.start_offset
+                if 0 <= position <= mapped.size - len(data):
+                    mapped.mm[position:position + len(data)] = data
+                    self.dirty.add(mapped)
+                    self.max_offset = first_queue_offset + len(data) // ENTRY_BYTES
+                    return
         count = len(data) // ENTRY_BYTES
         skip = self.max_offset - first_queue_offset
         if skip > 0:

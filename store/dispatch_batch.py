@@ -33,6 +33,7 @@ import numpy as np
 
 from . import codec
 from .consume_queue import ENTRY as QUEUE_ENTRY
+from .dispatch_layout import HASHED_VALUE_BYTES_MAX, Layout, layout_of
 from .errors import invariant
 
 # The header fields the dispatcher reads, at their offsets in a record.
@@ -63,6 +64,8 @@ _PAD_BYTES = _WIDTH_MAX
 _MASK32 = np.uint64(0xFFFFFFFF)
 # 31**n mod 2**32 (uint64 arithmetic wraps mod 2**64, which keeps every value mod 2**32 exact)
 _POW31 = np.array([pow(31, n, 1 << 32) for n in range(_WIDTH_MAX + 1)], np.uint64)
+_POW31_FLOAT = _POW31.astype(np.float64)
+assert HASHED_VALUE_BYTES_MAX <= _WIDTH_MAX
 _WINDOW_POWERS = {width: _POW31[width - 1::-1].copy() for width in _WIDTHS}
 _WINDOW_COLUMNS = {width: np.arange(width) for width in _WIDTHS}
 
@@ -109,6 +112,7 @@ class DispatchParser:
         self._topic_prefixes: dict[str, int] = {}
         self._tags_codes: dict[str, int] = {}
         self._scratch: dict[str, np.ndarray] = {}
+        self._layout: Layout | None = None        # of the last run of records alike
 
     def parse_each(self, buffer, positions: list[int]) -> DispatchBatch:
         """The batch of the messages at ``positions`` in ``buffer``, one record at a time."""
@@ -220,6 +224,51 @@ class DispatchParser:
                              _index_hashes(hashes[len(tag_records):]), physical_offsets[key_records],
                              store_timestamps[key_records])
 
+    def parse_alike(self, buffer, positions: list[int]) -> DispatchBatch | None:
+        """The batch of the messages at ``positions`` in ``buffer`` if their tails share one
+        layout (dispatch_layout), in a few dozen numpy calls; None if they do not (then
+        ``parse`` or ``parse_each`` it is). The last layout is kept from pass to pass."""
+        view = np.frombuffer(buffer, np.uint8)
+        try:
+            at = np.array(positions, np.int64)
+            headers = _windows(view, codec.HEADER.size)[at].view(_HEADER)
+            sizes = headers["size"].astype(np.int64)
+            body_lengths = headers["body_length"].astype(np.int64)
+            tail_ends = sizes - body_lengths
+            tail_bytes = int(tail_ends[0]) - codec.HEADER.size
+            if tail_bytes <= 0 or not bool((tail_ends == tail_ends[0]).all()):
+                return None
+            invariant(bool(np.all(body_lengths >= 0)), "message body inside its record")
+            tails = _rows(view, at + (codec.HEADER.size + body_lengths), tail_bytes)
+        finally:
+            del view                 # a mapping cannot close while exported
+        layout = self._layout
+        if layout is None or layout.tail_bytes != tail_bytes or not layout.matches(tails):
+            layout = layout_of(tails[0].tobytes())
+            if layout is None or not layout.matches(tails):
+                return None
+            self._layout = layout
+        count = len(positions)
+        prefix = np.uint64(self._topic_prefix(layout.topic))
+        keys = [_index_hashes(_span_hashes(tails, span, prefix)) for span in (layout.keys, layout.uniq_key) if span]
+        tags_codes = _signed(_span_hashes(tails, layout.tags, np.uint64(0))) if layout.tags else 0
+        physical_offsets = headers["physical_offset"].astype(np.int64)
+        store_timestamps = headers["store_timestamp"].astype(np.int64)
+        entries = np.empty(count, _QUEUE_ENTRY)
+        entries["physical_offset"] = physical_offsets
+        entries["size"] = sizes
+        entries["tags_code"] = tags_codes
+        runs = _one_topic_runs(layout.topic, headers["queue_id"].astype(np.int64),
+                               headers["queue_offset"].astype(np.int64), entries)
+        if len(keys) == 2:             # a record's KEYS word, then its UNIQ_KEY
+            key_hashes = np.stack(keys, axis=1).ravel()
+            key_offsets, key_timestamps = np.repeat(physical_offsets, 2), np.repeat(store_timestamps, 2)
+        elif keys:
+            key_hashes, key_offsets, key_timestamps = keys[0], physical_offsets, store_timestamps
+        else:
+            key_hashes = key_offsets = key_timestamps = _EMPTY
+        return DispatchBatch(count, int(store_timestamps[-1]), runs, key_hashes, key_offsets, key_timestamps)
+
     def _gather_properties(self, raw: np.ndarray, starts: np.ndarray,
                            lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every record's properties in one array, each behind a separator byte::
@@ -305,6 +354,27 @@ def java_hashes(buffer: np.ndarray, starts: np.ndarray, ends: np.ndarray, prefix
         text = buffer[starts[number]:ends[number]].tobytes().decode("utf-8")
         result[number] = codec.combine_hash(int(prefixes[number]), text)
     return result
+
+
+def _span_hashes(tails: np.ndarray, span, prefix: np.uint64) -> np.ndarray:
+    """Unsigned Java hash of prefix + each row's ASCII bytes in columns [span.start, span.end)
+    (float64 is exact here: see dispatch_layout.HASHED_VALUE_BYTES_MAX)."""
+    width = span.end - span.start
+    sums = (tails[:, span.start:span.end] @ _POW31_FLOAT[width - 1::-1]).astype(np.uint64)
+    return (prefix * _POW31[width] + sums) & _MASK32
+
+
+def _one_topic_runs(topic: str, queue_ids: np.ndarray, queue_offsets: np.ndarray,
+                    entries: np.ndarray) -> list[QueueRun]:
+    """``_queue_runs`` of records of one topic."""
+    order = np.argsort(queue_ids, kind="stable")              # stable: log order within a queue
+    queue_ids, queue_offsets = queue_ids[order], queue_offsets[order]
+    breaks = (queue_ids[1:] != queue_ids[:-1]) | (queue_offsets[1:] != queue_offsets[:-1] + 1)
+    bounds = [0, *(np.flatnonzero(breaks) + 1).tolist(), len(order)]
+    packed = entries[order].tobytes()
+    queue_ids, queue_offsets = queue_ids.tolist(), queue_offsets.tolist()
+    return [((topic, queue_ids[start]), queue_offsets[start], packed[start * QUEUE_ENTRY.size:end * QUEUE_ENTRY.size])
+            for start, end in zip(bounds, bounds[1:])]
 
 
 def _windows(buffer: np.ndarray, width: int) -> np.ndarray:

@@ -40,8 +40,10 @@ from .mapped_file import MappedFile
 
 log = logging.getLogger(__name__)
 
-# Passes with fewer records are parsed one record at a time: below this, numpy's per-call
+# Passes with fewer records are parsed one record at a time: below these, numpy's per-call
 # cost is more than the loop it replaces (a live store's passes are often a put's worth).
+# Records alike (dispatch_layout) take a few dozen numpy calls, any others about a hundred.
+_ALIKE_RECORDS_MIN = 16
 _COLUMNS_RECORDS_MIN = 128
 
 DispatchListener = Callable[[int, set[tuple[str, int]]], None]
@@ -192,10 +194,7 @@ class Dispatcher:
                     break
                 positions, stop, blank = self._positions(segment, offset, end)
                 if positions:
-                    if len(positions) < _COLUMNS_RECORDS_MIN:
-                        batch = self._parser.parse_each(segment.mm, positions)
-                    else:
-                        batch = self._parser.parse(segment.mm, positions)
+                    batch = self._parse(segment.mm, positions)
                     grown.update(self._write(batch))
                     count += batch.count
                 offset = segment.end_offset if blank else segment.start_offset + stop
@@ -218,14 +217,25 @@ class Dispatcher:
         invariant(stop <= segment.end_offset, f"{segment.path}: a written run crosses the segment's end")
         return list(map(sub, offsets, repeat(base))), stop - base, False
 
+    def _parse(self, buffer, positions: list[int]) -> DispatchBatch:
+        parser = self._parser
+        batch = None
+        if len(positions) >= _ALIKE_RECORDS_MIN:
+            batch = parser.parse_alike(buffer, positions)
+        if batch is None:
+            batch = (parser.parse_each if len(positions) < _COLUMNS_RECORDS_MIN else parser.parse)(buffer, positions)
+        return batch
+
     def _write(self, batch: DispatchBatch) -> set[tuple[str, int]]:
         """IndexFile entries, then ConsumeQueue entries, of one parsed batch; return the
         queues written."""
         if len(batch.key_hashes):
             self.index.put_many(batch.key_hashes, batch.key_offsets, batch.key_timestamps)
         written = set()
+        table = self.queues
         for queue_key, first_queue_offset, entries in batch.queue_runs:
-            self.queues.get_or_create(*queue_key).append_entries(first_queue_offset, entries)
+            queue = table.queues.get(queue_key) or table.get_or_create(*queue_key)
+            queue.append_entries(first_queue_offset, entries)
             written.add(queue_key)
         self.last_store_timestamp = batch.last_store_timestamp
         return written

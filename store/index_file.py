@@ -220,7 +220,8 @@ class IndexFile:
         An entry's prevIndex is the newest earlier entry of the block in its slot, else what
         the slot held (0 if that is not a valid older entry, as in ``put``); each touched
         slot ends at its block's newest entry. Entries, slots, count: a kill in between
-        leaves slots past the count, which recovery's ``rebuild_chains`` repairs.
+        leaves slots past the count, which recovery's ``rebuild_chains`` repairs. (A block's
+        keys rarely share a slot: the slots are then written in one go, unsorted.)
         """
         header = self.header
         count = header.index_count
@@ -230,27 +231,27 @@ class IndexFile:
         slots = key_hashes % self.hash_slots
         order = np.argsort(slots, kind="stable")          # by slot, oldest first within a slot
         sorted_slots = slots[order]
-        starts_slot = np.ones(added, bool)
-        starts_slot[1:] = sorted_slots[1:] != sorted_slots[:-1]
-        ends_slot = np.ones(added, bool)
-        ends_slot[:-1] = starts_slot[1:]
+        shared = sorted_slots[1:] == sorted_slots[:-1]    # in a slot an entry before it took
         table = np.frombuffer(self.mm, _SLOT_DTYPE, self.hash_slots, HEADER_BYTES)
+        at = self._entries_at + count * ENTRY_BYTES
+        entries = np.frombuffer(self.mm, _ENTRY_DTYPE, added, at)
         try:
-            previous_sorted = np.empty(added, np.int64)
-            previous_sorted[1:] = numbers[order[:-1]]
-            heads = table[sorted_slots[starts_slot]].astype(np.int64)
-            firsts = numbers[order[starts_slot]]
-            previous_sorted[starts_slot] = np.where((heads > 0) & (heads <= firsts), heads, 0)
-            entries = np.empty(added, _ENTRY_DTYPE)
+            heads = table[slots].astype(np.int64)
+            previous = np.where((heads > 0) & (heads <= numbers), heads, 0)
+            any_shared = bool(shared.any())
+            if any_shared:
+                previous[order[1:][shared]] = numbers[order[:-1][shared]]
             entries["key_hash"] = key_hashes
             entries["physical_offset"] = physical_offsets
             entries["time_diff"] = np.clip((store_timestamps - header.begin_timestamp) // 1000, 0, _INT_MAX)
-            entries["previous"][order] = previous_sorted
-            at = self._entries_at + count * ENTRY_BYTES
-            self.mm[at:at + added * ENTRY_BYTES] = entries.tobytes()
-            table[sorted_slots[ends_slot]] = numbers[order[ends_slot]]
+            entries["previous"] = previous
+            if any_shared:
+                newest = np.append(~shared, True)             # the last of each slot's entries
+                table[sorted_slots[newest]] = numbers[order[newest]]
+            else:
+                table[slots] = numbers
         finally:
-            del table          # release the mapping's buffer: it cannot close while exported
+            del table, entries     # release the mapping's buffer: it cannot close while exported
         _COUNT.pack_into(self.mm, _COUNT_AT, count + added)
         header.hash_slot_count += added
         header.index_count = count + added

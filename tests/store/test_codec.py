@@ -300,8 +300,20 @@ def test_batched_index_key_hashes_match_the_scalar_hash(pairs):
 def test_batched_index_key_hashes_keep_the_min_value_rule():
     # "polygenelubricants" hashes to Integer.MIN_VALUE; abs() of it is 0 in the index
     prefix, key = "polygene", "lubricants"
-    hashes = codec.index_key_hashes([codec.java_hash_unsigned(prefix)] * 10, [key] * 10)
-    assert hashes == [0] * 10
+    for count in (1, 7, 10):                                  # the loop for a few keys, and numpy
+        hashes = codec.index_key_hashes([codec.java_hash_unsigned(prefix)] * count, [key] * count)
+        assert hashes == [0] * count
+
+
+def test_a_few_index_key_hashes_match_the_scalar_hash():
+    import random
+    rng = random.Random(12)
+    for _ in range(500):
+        keys = ["".join(rng.choice("az09#\u00e9\u4e2d\U0001F600") for _ in range(rng.choice([0, 1, 5, 32, 300, 1100])))
+                for _ in range(rng.randrange(1, 8))]
+        prefixes = [rng.randrange(1 << 32) for _ in keys]
+        assert codec.index_key_hashes(prefixes, keys) == [codec.index_key_hash_with_prefix(p, k)
+                                                          for p, k in zip(prefixes, keys)]
 
 
 def test_the_store_crc32_is_zlibs():

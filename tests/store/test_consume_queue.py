@@ -84,3 +84,29 @@ def test_unknown_queue_and_offsets_past_the_end(open_store):
     assert store.pull("T", 0, 1).status is GetStatus.NO_NEW_MESSAGE
     assert store.pull("T", 0, 5).status is GetStatus.OFFSET_OVERFLOW
     assert store.pull("T", 0, 0).status is GetStatus.FOUND
+
+
+def test_appends_in_pieces_write_what_one_append_writes(tmp_path):
+    """Pieces that end inside a file, end at its end, cross it, start past 0, repeat entries
+    already there: the same files as one append of everything."""
+    import random
+    from store.consume_queue import ConsumeQueue
+    rng = random.Random(6)
+    entries = b"".join(CQ_ENTRY.pack(1000 + 7 * number, 7, number % 5) for number in range(400))
+    whole = ConsumeQueue(str(tmp_path / "whole"), "T", 0, 32)
+    whole.load()
+    whole.append_entries(13, entries)
+    pieces = ConsumeQueue(str(tmp_path / "pieces"), "T", 0, 32)
+    pieces.load()
+    at = 0
+    while at < 400:
+        count = rng.choice([1, 2, 5, 19, 32, 45])
+        again = min(at, rng.choice([0, 0, 0, 3]))              # a re-dispatch of the last few
+        pieces.append_entries(13 + at - again, entries[(at - again) * 20:(at + count) * 20])
+        at += count
+    assert (pieces.min_offset, pieces.max_offset) == (whole.min_offset, whole.max_offset) == (13, 413)
+    assert [bytes(m.mm) for m in pieces.files.files] == [bytes(m.mm) for m in whole.files.files]
+    assert [m.start_offset for m in pieces.files.files] == [m.start_offset for m in whole.files.files]
+    assert pieces.entries(200, 3) == whole.entries(200, 3)
+    whole.close()
+    pieces.close()

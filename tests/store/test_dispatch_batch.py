@@ -236,6 +236,7 @@ def test_dispatchers_build_identical_files(open_store, tmp_path, monkeypatch):
     built = {}
     for name, records_min in (("columns", 1), ("each", 10**9)):
         monkeypatch.setattr(dispatcher_module, "_COLUMNS_RECORDS_MIN", records_min)
+        monkeypatch.setattr(dispatcher_module, "_ALIKE_RECORDS_MIN", records_min)
         root = str(tmp_path / name)
         queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), 64)
         index = IndexService(os.path.join(root, "index"), 64, 900)
