@@ -7,11 +7,14 @@
 A put on the trio thread used to wake the dispatcher thread, and each GIL hand-over
 between that thread and the trio thread costs tens of microseconds on a small machine,
 on the put's own round trip. Here a put only sets the wake flag and an event; the pass
-runs as a trio task, which is scheduled after the request's reply has been written (the
-reader writes it without a scheduling point). As on the thread, a wake is followed by
-the store's ``dispatch_interval_ms`` of waiting, so the puts of that time share a pass
-(a pass has a fixed cost, and one of 128 records or more is parsed with numpy) and the
-puts in between call nothing (the flag is already set). Passes are bounded
+runs as a trio task, once every other task of the loop is blocked: the replies to the
+requests that woke it are written, and the pass runs while the clients read them, with
+the caches still warm with the records just written. (On this machine a pass that
+follows a millisecond of idle loop costs three to four times the CPU of the same pass
+run at once: everything it touches has gone cold.) A loop that stays busy gets its pass
+``dispatch_interval_ms`` after the wake at the latest, so the puts of that time share
+it (a pass has a fixed cost); the puts in between call nothing (the flag is already
+set). Passes are bounded
 (``PASS_BYTES_MAX``) with a checkpoint between them, so a backlog (a slave's replicated
 bytes, a restart) never holds the loop for long.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import threading
 
 import trio
+import trio.testing
 
 from store.dispatcher import Dispatcher, WakeFlag
 from store.errors import invariant
@@ -79,7 +83,7 @@ class _LoopWake:
 async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_BYTES_MAX,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run ``dispatcher``'s passes in this trio loop until cancelled, each wake followed by
-    the dispatcher's ``interval_s``. The dispatcher must have no thread of its own
+    a pass as soon as the loop is idle, ``interval_s`` later at the latest. The dispatcher must have no thread of its own
     (StoreConfig ``dispatcher_thread: false``)."""
     invariant(not dispatcher.threaded and isinstance(dispatcher.wake, WakeFlag),
               "serve_dispatch needs a dispatcher without its thread")
@@ -93,8 +97,8 @@ async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_B
             if dispatcher.dispatch_pass(pass_bytes_max) is None or dispatcher.lag_bytes <= 0:
                 # caught up, or stopped (a cut in progress: start() sets the wake) or failed
                 await wake.wait()
-                if dispatcher.interval_s:
-                    await trio.sleep(dispatcher.interval_s)  # the puts of this time join the pass
+                with trio.move_on_after(dispatcher.interval_s):
+                    await trio.testing.wait_all_tasks_blocked()  # the loop idle, or interval_s
             else:
                 await trio.lowlevel.checkpoint()  # a backlog: let other tasks run between passes
     finally:

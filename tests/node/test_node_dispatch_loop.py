@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import trio
+import trio.testing
 
 from node.client import OutgoingMessage, open_admin, open_connection, open_producer
 from node.dispatch_loop import PASS_BYTES_MAX, serve_dispatch
@@ -96,6 +97,46 @@ async def test_serve_dispatch_answers_writes_from_the_loop_and_from_worker_threa
             assert dispatcher_threads() == []
             nursery.cancel_scope.cancel()
         assert store.dispatcher.wake.on_set is None
+    finally:
+        store.shutdown()
+
+
+def test_a_wake_is_followed_by_a_pass_as_soon_as_the_loop_is_idle(tmp_path):
+    # the clock never moves by itself: a pass that waited for dispatch_interval_ms would
+    # never come
+    store = MessageStore(StoreConfig(store_path=str(tmp_path / "s"), dispatcher_thread=False,
+                                     dispatch_interval_ms=1000, **SMALL_STORE))
+    store.start()
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_dispatch, store.dispatcher)
+            store.append([Message("t", b"x", queue_id=0)])
+            started = trio.current_time()
+            await trio.testing.wait_all_tasks_blocked()  # after the dispatch task's own wait
+            assert store.max_offset("t", 0) == 1 and trio.current_time() == started
+            nursery.cancel_scope.cancel()
+    try:
+        trio.run(main, clock=trio.testing.MockClock())
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.trio
+async def test_a_busy_loop_gets_its_pass_after_the_interval(tmp_path):
+    store = MessageStore(StoreConfig(store_path=str(tmp_path / "s"), dispatcher_thread=False,
+                                     dispatch_interval_ms=50, **SMALL_STORE))
+    store.start()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_dispatch, store.dispatcher)
+            store.append([Message("t", b"x", queue_id=0)])
+            started = trio.current_time()
+            while store.max_offset("t", 0) == 0:  # never idle: always a task to run
+                assert trio.current_time() - started < 10, "no pass while the loop stayed busy"
+                await trio.lowlevel.checkpoint()
+            assert trio.current_time() - started >= 0.05
+            nursery.cancel_scope.cancel()
     finally:
         store.shutdown()
 
