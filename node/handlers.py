@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import chain
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable
 
@@ -179,35 +180,55 @@ class RequestHandlers:
 
     # --- send ----------------------------------------------------------------------------
     def send(self, f: Fields) -> dict | Deferred:
+        """Messages either as ``messages`` (a map each) or as ``message_columns`` (a list per
+        field: ``body``, and optionally ``properties``; what a producer's batch of plain
+        messages carries, without a map per message on either end)."""
         started = time.perf_counter()
         self.role.check_writable()
         topic = f.topic()
-        raw_messages = f.list("messages", protocol.BATCH_COUNT_MAX)
-        if not raw_messages:
-            raise protocol.bad_request("field messages must hold at least one message")
-        columns = f.bool("result_columns", False)
-        queue_count = self._writable_queue_count(topic)
-        messages = self._plain_messages(topic, raw_messages, queue_count)
-        if messages is None:
-            messages = [self._message(topic, raw, index, queue_count) for index, raw in enumerate(raw_messages)]
+        payload = f.payload
+        if payload.get("message_columns") is not None:
+            if payload.get("messages") is not None:
+                raise protocol.bad_request("a send carries messages or message_columns, not both")
+            bodies, properties = _message_columns(payload["message_columns"])
+            columns = f.bool("result_columns", False)
+            queue_count = self._writable_queue_count(topic)
+            _check_message_columns(bodies, properties)
+            queue_ids = self._next_queue_ids(topic, len(bodies), queue_count)
+
+            def append():
+                return self.store.append_plain(topic, queue_ids, bodies, properties)
+        else:
+            raw_messages = f.list("messages", protocol.BATCH_COUNT_MAX)
+            if not raw_messages:
+                raise protocol.bad_request("field messages must hold at least one message")
+            columns = f.bool("result_columns", False)
+            queue_count = self._writable_queue_count(topic)
+            messages = self._plain_messages(topic, raw_messages, queue_count)
+            if messages is None:
+                messages = [self._message(topic, raw, index, queue_count) for index, raw in enumerate(raw_messages)]
+            queue_ids = [message.queue_id for message in messages]
+
+            def append():
+                return self.store.append(messages)
         replicas = self.replicas
         if replicas is not None:
             try:
                 replicas.check_for_put()  # sync replication: refused before a byte is written
             except ReplicaWaitError as error:
-                return self._send_reply(messages, [PutResult(PutStatus(error.status), reason=str(error))
-                                                   for _ in messages], started, None, columns)
-        results = self.store.append(messages)
+                return self._send_reply(queue_ids, [PutResult(PutStatus(error.status), reason=str(error))
+                                                    for _ in queue_ids], started, None, columns)
+        results = append()
         if replicas is None:
             if self._sync_flush:
-                return self._wait_then_reply(messages, results, started, None, 0, columns)
-            return self._send_reply(messages, results, started, None, columns)
+                return self._wait_then_reply(queue_ids, results, started, None, 0, columns)
+            return self._send_reply(queue_ids, results, started, None, columns)
         replicas.notify_appended()
         if self._sync_flush or replicas.sync_replication:
-            return self._wait_then_reply(messages, results, started, replicas, self.role.state.epoch, columns)
-        return self._send_reply(messages, results, started, None, columns)
+            return self._wait_then_reply(queue_ids, results, started, replicas, self.role.state.epoch, columns)
+        return self._send_reply(queue_ids, results, started, None, columns)
 
-    def _wait_then_reply(self, messages, results, started: float, replicas, epoch: int, columns: bool) -> Deferred:
+    def _wait_then_reply(self, queue_ids, results, started: float, replicas, epoch: int, columns: bool) -> Deferred:
         """The reply once the disk (sync flush) and the replicas (sync replication) hold the
         batch, at once and together; the first failure that applies becomes every written
         message's status. A node that lost its role or was fenced meanwhile acks nothing."""
@@ -232,10 +253,10 @@ class RequestHandlers:
                 failures["role"] = (PutStatus.SERVICE_NOT_AVAILABLE, "the node stopped being master in this epoch "
                                     "(or was fenced) before the put was acknowledged; it may or may not survive")
             failure = failures.get("role") or failures.get("replicas") or failures.get("disk")
-            return self._send_reply(messages, results, started, failure, columns)
+            return self._send_reply(queue_ids, results, started, failure, columns)
         return wait
 
-    def _send_reply(self, messages, results, started: float, failure: tuple[PutStatus, str] | None,
+    def _send_reply(self, queue_ids: list[int], results, started: float, failure: tuple[PutStatus, str] | None,
                     columns: bool = False) -> dict:
         """Per-message results, as one map each (``results``) or, when the request asked for
         ``result_columns``, as one list per field (status, queue_id, queue_offset,
@@ -245,15 +266,15 @@ class RequestHandlers:
         statuses, reasons = self._statuses(results, started, failure)
         if columns:
             return {"result_columns": {
-                "status": statuses, "queue_id": [message.queue_id for message in messages],
+                "status": statuses, "queue_id": queue_ids,
                 "queue_offset": [result.queue_offset for result in results],
                 "physical_offset": [result.physical_offset for result in results],
                 "message_id": [result.message_id for result in results], "reason": reasons}}
         return {"results": [
-            {"status": status, "queue_id": message.queue_id, "queue_offset": result.queue_offset,
+            {"status": status, "queue_id": queue_id, "queue_offset": result.queue_offset,
              "physical_offset": result.physical_offset, "message_id": result.message_id,
              **({"reason": reason} if reason else {})}
-            for status, message, result, reason in zip(statuses, messages, results, reasons)]}
+            for status, queue_id, result, reason in zip(statuses, queue_ids, results, reasons)]}
 
     def _statuses(self, results, started: float, failure: tuple[PutStatus, str] | None) -> tuple[list, list]:
         """Each result's status name and reason ("" for none) after ``failure``, with the
@@ -302,11 +323,16 @@ class RequestHandlers:
             if type(body) is not bytes or len(body) > body_bytes_max or not raw.keys() <= allowed \
                     or not _plain_properties(raw.get("properties")):
                 return None
-        first = self._round_robin.get(topic, 0)
-        self._round_robin[topic] = (first + len(raw_messages) - 1) % queue_count + 1
+        queue_ids = self._next_queue_ids(topic, len(raw_messages), queue_count)
         # positional: topic, body, queue_id, keys, tags, properties (keyword arguments cost more)
-        return [Message(topic, raw["body"], (first + index) % queue_count, (), None, raw.get("properties") or {})
-                for index, raw in enumerate(raw_messages)]
+        return [Message(topic, raw["body"], queue_id, (), None, raw.get("properties") or {})
+                for queue_id, raw in zip(queue_ids, raw_messages)]
+
+    def _next_queue_ids(self, topic: str, count: int, queue_count: int) -> list[int]:
+        """The write queues of the topic's next ``count`` messages, round robin."""
+        first = self._round_robin.get(topic, 0)
+        self._round_robin[topic] = (first + count - 1) % queue_count + 1
+        return [queue_id % queue_count for queue_id in range(first, first + count)]
 
     def _message(self, topic: str, raw: object, index: int, queue_count: int) -> Message:
         if not isinstance(raw, dict):
@@ -477,6 +503,49 @@ _REPLICA_FAILURE_REASONS = {
     "SERVICE_NOT_AVAILABLE": "written on the master, which was fenced or stepped down before enough replicas "
                              "acknowledged it; it may or may not survive",
 }
+
+
+def _message_columns(value: object) -> tuple[list, list]:
+    """The ``body`` and ``properties`` lists of a send's ``message_columns`` (properties
+    ``[{}, ...]`` when absent), their shape checked."""
+    if type(value) is not dict or not value.keys() <= _BODY_AND_PROPERTIES:
+        raise protocol.bad_request("field message_columns must be a map of the lists body and properties")
+    bodies = value.get("body")
+    if type(bodies) is not list or not 1 <= len(bodies) <= protocol.BATCH_COUNT_MAX:
+        raise protocol.bad_request(f"field message_columns.body must be a list of 1 to {protocol.BATCH_COUNT_MAX} "
+                                   "bodies")
+    properties = value.get("properties")
+    if properties is None:
+        return bodies, [{}] * len(bodies)  # never changed by the store: one map serves them all
+    if type(properties) is not list or len(properties) != len(bodies):
+        raise protocol.bad_request("field message_columns.properties must be a list as long as body")
+    return bodies, properties
+
+
+def _check_message_columns(bodies: list, properties: list) -> None:
+    """Check every message as the ``messages`` form does (the same refusals), column by
+    column; the faulty message is looked for only once one is known to be there."""
+    if set(map(type, bodies)) != {bytes}:
+        index = next(i for i, body in enumerate(bodies) if type(body) is not bytes)
+        raise protocol.bad_request(f"field message_columns.body[{index}] must be binary, "
+                                   f"not {type(bodies[index]).__name__}")
+    if max(map(len, bodies)) > protocol.BODY_BYTES_MAX:
+        index = next(i for i, body in enumerate(bodies) if len(body) > protocol.BODY_BYTES_MAX)
+        raise RequestError("BODY_TOO_LARGE", f"field message_columns.body[{index}] is {len(bodies[index])} bytes, "
+                                             f"over the {protocol.BODY_BYTES_MAX} byte limit")
+    if set(map(type, properties)) <= _DICT and max(map(len, properties)) <= _PROPERTIES_MAX \
+            and set(map(type, chain.from_iterable(properties))) <= _STR \
+            and set(map(type, chain.from_iterable(map(dict.values, properties)))) <= _STR:
+        return
+    for index, item in enumerate(properties):
+        if not _plain_properties(item) or item is None:
+            Fields({"properties": item}, prefix=f"message_columns[{index}].").str_map("properties")
+            raise protocol.bad_request(f"field message_columns.properties[{index}] must be a map of strings")
+
+
+_DICT = frozenset((dict,))
+_STR = frozenset((str,))
+_PROPERTIES_MAX = 256
 
 
 def _plain_properties(properties: object) -> bool:

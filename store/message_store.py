@@ -35,7 +35,7 @@ from .errors import MessageNotFound, StoreClosedError, StoreConfigError, StoreCo
 from .flush import FlushService
 from .index_file import IndexService
 from .message import Message, PutResult, PutStatus
-from .put_batch import batch_columns
+from .put_batch import batch_columns, plain_batch_columns
 from .recovery import RecoveryReport, recover
 from .replica_log import CUT, RESET, CutIntent, CutMarker, check_chunk, read_chunk
 from .retention import Retention
@@ -313,10 +313,32 @@ class MessageStore:
             results = self.commit_log.append_columns(columns)
         else:
             results = self._append_each(messages)
+        self._wake_dispatcher()
+        return results
+
+    def append_plain(self, topic: str, queue_ids: list[int], bodies: list[bytes],
+                     properties: list[dict]) -> list[PutResult]:
+        """``append`` of ``Message(topic, body, queue_id, properties=...)`` for each body,
+        the messages' fields given as columns (what a producer's batch carries): the same
+        records and results, without a Message per message when the batch is regular."""
+        self._check_running()
+        if self._write_state_stale:
+            self.catch_up_for_writes()
+        columns = None
+        if len(bodies) >= COLUMNS_MESSAGES_MIN:
+            columns = plain_batch_columns(topic, queue_ids, bodies, properties, self._topic_cache, self._host_cache,
+                                          self._largest_record)
+        if columns is None:
+            return self.append([Message(topic, body, queue_id, properties=message_properties)
+                                for queue_id, body, message_properties in zip(queue_ids, bodies, properties)])
+        results = self.commit_log.append_columns(columns)
+        self._wake_dispatcher()
+        return results
+
+    def _wake_dispatcher(self) -> None:
         wake = self.dispatcher.wake
         if not wake.is_set():   # set and not yet cleared: the dispatcher's next pass sees these
             wake.set()
-        return results
 
     def _append_each(self, messages: list[Message]) -> list[PutResult]:
         prepare = self.prepare

@@ -24,6 +24,7 @@ from operator import add, and_, attrgetter
 from typing import NamedTuple
 
 from . import codec
+from .message import Message
 
 # every field of a Message the record needs, read in one C call per message
 _MESSAGE_FIELDS = attrgetter("topic", "queue_id", "body", "keys", "tags", "properties", "flag", "sys_flag",
@@ -74,8 +75,30 @@ def batch_columns(messages: list, tail_prefixes: dict[str, bytes], born_hosts: d
     ``born_hosts`` each known born host to its 8 bytes; a topic or host missing from them
     makes the batch irregular (the per-message path checks it and fills the caches).
     """
-    (topics, queue_ids, bodies, keys, tags, properties, flags, sys_flags, born_timestamps, hosts,
-     reconsume_times, prepared_offsets) = zip(*map(_MESSAGE_FIELDS, messages))
+    return _columns(*zip(*map(_MESSAGE_FIELDS, messages)), tail_prefixes, born_hosts, largest_record)
+
+
+def plain_batch_columns(topic: str, queue_ids: list[int], bodies: list[bytes], properties: list[dict],
+                        tail_prefixes: dict[str, bytes], born_hosts: dict[str, bytes],
+                        largest_record: int) -> BatchColumns | None:
+    """``batch_columns`` of the Messages ``Message(topic, body, queue_id, properties=...)``
+    (every other field its default), given as columns: a producer's batch as the node
+    receives it, without a Message per message."""
+    count = len(bodies)
+    return _columns((topic,) * count, queue_ids, bodies, _NO_KEYS * count, _NO_TAGS * count, properties,
+                    _ZEROS * count, _ZEROS * count, _ZEROS * count, _DEFAULT_HOSTS * count, _ZEROS * count,
+                    _ZEROS * count, tail_prefixes, born_hosts, largest_record)
+
+
+_NO_KEYS = ((),)
+_NO_TAGS = (None,)
+_ZEROS = (0,)
+_DEFAULT_HOSTS = (Message.__dataclass_fields__["born_host"].default,)
+
+
+def _columns(topics: tuple, queue_ids, bodies, keys, tags, properties, flags, sys_flags, born_timestamps, hosts,
+             reconsume_times, prepared_offsets, tail_prefixes: dict[str, bytes], born_hosts: dict[str, bytes],
+             largest_record: int) -> BatchColumns | None:
     try:
         topic_set = set(topics)
         host_set = set(hosts)

@@ -252,3 +252,58 @@ def test_populate_for_write_leaves_the_bytes_alone(tmp_path):
     assert mapped.mm[:mapped.size] == b"\0" * 100 + b"hello" + b"\0" * (mapped.size - 105)
     mapped.close()
     assert mapped.populate_for_write(0, mapped.size) is True   # closed: nothing to do
+
+
+# --- append_plain: a producer's batch given as columns -----------------------------------
+def _plain(count: int, topic: str = "orders") -> list[Message]:
+    return [Message(topic, f"body-{i}".encode() * (i % 5 + 1), queue_id=i % 4,
+                    properties={"UNIQ_KEY": f"{i:032X}", "shop": "7"} if i % 7 else {}) for i in range(count)]
+
+
+def _plain_columns(messages):
+    return ([m.queue_id for m in messages], [m.body for m in messages], [m.properties for m in messages])
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["known topic", "first batch of a topic"])
+def test_append_plain_writes_what_append_writes_for_the_same_messages(open_store, fixed_clock, warm):
+    messages = _plain(40)
+    plain_store, each_store = open_store(), open_store()
+    if warm:
+        for store in (plain_store, each_store):
+            _warm(store, messages)
+    columns = put_batch.plain_batch_columns("orders", *_plain_columns(messages), plain_store._topic_cache,
+                                            plain_store._host_cache, plain_store._largest_record)
+    assert (columns is not None) == warm  # a topic not seen yet is left to the per-message path
+    plain_results = plain_store.append_plain("orders", *_plain_columns(messages))
+    each_results = each_store._append_each(messages)
+    assert [r.status for r in plain_results] == [PutStatus.PUT_OK] * 40
+    assert plain_results == each_results
+    assert _log_bytes(plain_store) == _log_bytes(each_store)
+    plain_store.wait_dispatched()
+    read = pull_all(plain_store, "orders", 1)
+    assert [m.body for m in read][-1] == messages[37].body and read[-1].properties["UNIQ_KEY"] == f"{37:032X}"
+
+
+@pytest.mark.parametrize("fault", ["a body not bytes", "a property value not a string", "a map not a dict",
+                                   "a store-owned name"])
+def test_append_plain_refuses_in_place_what_append_refuses(open_store, fixed_clock, fault):
+    messages = _plain(12)
+    queue_ids, bodies, properties = _plain_columns(messages)
+    if fault == "a body not bytes":
+        bodies[5] = "text"
+    elif fault == "a property value not a string":
+        properties[5] = {"UNIQ_KEY": 5}
+    elif fault == "a map not a dict":
+        properties[5] = [("UNIQ_KEY", "x")]
+    else:
+        properties[5] = {"HCRC": "00000000"}
+    plain_store, each_store = open_store(), open_store()
+    for store in (plain_store, each_store):
+        _warm(store, messages)
+    plain_results = plain_store.append_plain("orders", queue_ids, bodies, properties)
+    each_results = each_store._append_each([Message("orders", body, queue_id, properties=props)
+                                            for queue_id, body, props in zip(queue_ids, bodies, properties)])
+    assert plain_results == each_results
+    assert plain_results[5].status is PutStatus.MESSAGE_ILLEGAL
+    assert [r.status for i, r in enumerate(plain_results) if i != 5] == [PutStatus.PUT_OK] * 11
+    assert _log_bytes(plain_store) == _log_bytes(each_store)
