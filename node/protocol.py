@@ -8,7 +8,11 @@ A request map holds ``code`` (a RequestCode) and ``opaque`` (an int the client p
 the request's fields; its reply holds ``code`` (a ResponseCode), the same ``opaque``,
 ``flags`` with the REPLY bit, and the reply's fields (``error`` holds the message of an
 error reply). Replies may come back in any order, so one connection pipelines many
-requests. A batch of messages travels in one frame.
+requests. A batch of messages travels in one frame: in a SEND, either as ``messages``,
+a map per message, or as ``message_columns``, a list per field (``body`` and
+``properties``: what a producer's plain messages carry), which neither end has to build
+or take apart a map per message for. A SEND's reply may likewise come as
+``result_columns`` when the request asks for it.
 
 Limits: a frame is at most FRAME_BYTES_MAX; a body at most BODY_BYTES_MAX (the store's
 limit); topics as the store allows ([A-Za-z0-9_%-], up to 127 bytes).
