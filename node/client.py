@@ -19,6 +19,7 @@ import errno
 import itertools
 import math
 import os
+import select
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -245,6 +246,9 @@ class Connection:
         self._decoder = decoder
         # a socket stream is read and written here without trio's stream wrapper
         self._socket = stream.socket if type(stream) is trio.SocketStream else None
+        self._idle_poll = select.poll()   # has the node sent anything (or closed) since the last read?
+        if self._socket is not None:
+            self._idle_poll.register(self._socket.fileno(), select.POLLIN)
         self._pending: dict[int, _Pending] = {}
         self._reader: _Pending | str | None = None      # who reads replies (see above)
         self._leader_scope: trio.CancelScope | None = None
@@ -281,22 +285,27 @@ class Connection:
         looked at first: a connection the node closed is found here, before the request
         is written (so it is surely not sent), not after it (its outcome unknown).
         """
-        if self._reader is None and self._socket is not None:
+        if self._reader is None and self._socket is not None and self.closed_error is None \
+                and self._idle_poll.poll(0):
             self._read_while_idle()
         if self.closed_error is not None:
             raise ConnectionLostError(f"connection to {self.address} is closed: {self.closed_error}")
         opaque = self._next_opaque
         self._next_opaque += 1
         frame = protocol.encode_frame({"code": int(code), "opaque": opaque, **fields})
-        if self._send_lock.locked():
+        # The send lock orders writes that wait. One that does not wait (the socket takes
+        # the frame whole, with no checkpoint in between) needs no lock: nobody can see it.
+        locked = self._send_lock.locked()
+        if locked:
             await self._send_lock.acquire()   # a write is under way: queue behind it, in order
-        else:
-            self._send_lock.acquire_nowait()  # idle: no scheduling point before the write
         pending = self._pending[opaque] = _Pending(opaque, self)
         try:
             sent = write_now(self.stream, frame)
             if sent == len(frame):
                 return pending
+            if not locked:
+                self._send_lock.acquire_nowait()  # free: no checkpoint since it was looked at
+                locked = True
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + SEND_TIMEOUT_MS / 1000
                 await self._write_rest(memoryview(frame)[sent:])
@@ -306,7 +315,8 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
             self._fail_all(ConnectionLostError(f"connection to {self.address} lost while sending: {error}"))
         finally:
-            self._send_lock.release()
+            if locked:
+                self._send_lock.release()
         return pending
 
     async def _write_rest(self, data: memoryview) -> None:
@@ -370,9 +380,21 @@ class Connection:
         ``_fail_all`` wake a leader that waits for bytes (see ``_wake``).
         """
         self._reader = pending
+        socket = self._socket
         try:
-            if self._socket is not None:
-                await self._lead_on_socket(pending)
+            if socket is not None:
+                while not pending.event.is_set():
+                    # the reply cannot be there yet (the request just left): wait, then read
+                    try:
+                        await trio.lowlevel.wait_readable(socket)
+                    except trio.ClosedResourceError:
+                        if socket.fileno() < 0:
+                            raise
+                        continue  # woken by _wake while the socket is open: the loop's condition says why
+                    data = _read_now(socket)
+                    if data is not None:
+                        self._caller_reads += 1
+                        self._take(data)
             else:
                 with trio.CancelScope() as self._leader_scope:
                     while not pending.event.is_set():
@@ -389,21 +411,6 @@ class Connection:
                 self._reader = _BACKGROUND
                 self._handovers += 1
                 self._background_wanted.unpark()
-
-    async def _lead_on_socket(self, pending: _Pending) -> None:
-        # The reply cannot be there yet (the request just left): wait first, then read.
-        socket = self._socket
-        while not pending.event.is_set():
-            try:
-                await trio.lowlevel.wait_readable(socket)
-            except trio.ClosedResourceError:
-                if socket.fileno() < 0:
-                    raise
-                continue  # woken by _wake while the socket is open: the loop's condition says why
-            data = _read_now(socket)
-            if data is not None:
-                self._caller_reads += 1
-                self._take(data)
 
     def _read_while_idle(self) -> None:
         """With nobody reading: take what the node sent (frames, or its close) without waiting."""

@@ -340,3 +340,30 @@ async def test_an_error_reply_to_a_leader_is_its_typed_error(transport):
             await connection.request(RequestCode.STATUS, tag="x")
         assert not connection.closed
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+@transports
+async def test_large_frames_from_many_tasks_arrive_whole_and_in_order_of_their_writes(transport):
+    # frames the socket cannot take at once wait for each other (the send lock); small
+    # ones written in between never land inside a large one
+    async with trio.open_nursery() as nursery:
+        connection, node = await _open(nursery, transport)
+        sizes = [3_000_000, 10, 2_000_000, 100, 1_500_000, 5]
+
+        async def one(i: int, size: int):
+            pending = await connection.submit(RequestCode.STATUS, tag=f"s{i}", padding=b"%d" % i * size)
+            await pending.wait()
+        with trio.fail_after(20):
+            async with trio.open_nursery() as senders:
+                for i, size in enumerate(sizes):
+                    senders.start_soon(one, i, size)
+                while len(node.requests) < len(sizes):
+                    await trio.sleep(0.001)
+                for request in node.requests:
+                    await node.answer(request)
+        assert sorted(r["tag"] for r in node.requests) == [f"s{i}" for i in range(len(sizes))]
+        for request in node.requests:
+            i = int(request["tag"][1:])
+            assert request["padding"] == b"%d" % i * sizes[i]
+        nursery.cancel_scope.cancel()
