@@ -870,13 +870,14 @@ class Producer:
             for attempt in range(self.retries_max + 1):
                 try:
                     connection = await self._current_connection()
+                    pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire,
+                                                      result_columns=True)
                 except ConnectionLostError as error:
                     if attempt == self.retries_max:
                         self._fail(batch, error)
                         return
                     await self._back_off(attempt)
-                    continue  # nothing was sent: safe to retry
-                pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire, result_columns=True)
+                    continue  # nothing was sent (submit raises only before writing): safe to retry
                 if unsent:
                     unsent = False
                     self._closed_unsent -= 1

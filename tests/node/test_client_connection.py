@@ -367,3 +367,41 @@ async def test_large_frames_from_many_tasks_arrive_whole_and_in_order_of_their_w
             i = int(request["tag"][1:])
             assert request["padding"] == b"%d" % i * sizes[i]
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_producer_retries_a_send_on_a_connection_the_node_closed_while_idle():
+    # the node answers one request per connection, then closes it: each next send finds
+    # the close before writing, so it is retried on a new connection, never unknown
+    from functools import partial
+
+    from node.client import open_producer
+    connections = []
+
+    async def one_answer_then_close(stream):
+        connections.append(stream)
+        node = FakeNode(stream)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node.serve)
+            while not node.requests:
+                await trio.sleep(0.001)
+            count = len(node.requests[0]["messages"])
+            columns = {"status": ["PUT_OK"] * count, "queue_id": [0] * count, "queue_offset": [len(connections)] * count,
+                       "physical_offset": [0] * count, "message_id": ["M"] * count, "reason": [""] * count}
+            await node.answer(node.requests[0], result_columns=columns)
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, one_answer_then_close, 0, host="127.0.0.1"))
+        address = "127.0.0.1:%d" % listeners[0].socket.getsockname()[1]
+        with trio.fail_after(20):
+            async with open_producer(address, retry_backoff_ms=1) as producer:
+                results = []
+                for i in range(3):
+                    results.append(await producer.send("t", b"%d" % i))
+                    await trio.sleep(0.05)   # the node's close arrives while nobody reads
+                stats = producer.statistics()
+        assert [r.queue_offset for r in results] == [1, 2, 3] and len(connections) == 3
+        assert stats.unknown_messages == 0 and stats.sent_messages == 3 and stats.retries == 2
+        nursery.cancel_scope.cancel()
