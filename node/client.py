@@ -188,7 +188,7 @@ class ConnectionStatistics:
     """How a connection's replies were read: by the waiting callers themselves (leaders),
     or by its background task after a leader handed the role over."""
 
-    requests_sent: int
+    requests_submitted: int
     reads_by_callers: int
     reads_in_background: int
     handovers: int
