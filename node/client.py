@@ -15,11 +15,15 @@ never retried, so a retry can never silently store a message twice.
 
 from __future__ import annotations
 
+import errno
+import itertools
 import math
 import os
+import select
 from collections import deque
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -38,12 +42,15 @@ CONNECT_TIMEOUT_MS = 5_000
 REQUEST_TIMEOUT_MS = 30_000
 SEND_TIMEOUT_MS = 30_000    # to write one request frame (a node that stops reading)
 RETRYABLE_CODES = ("NOT_MASTER", "SYSTEM_BUSY", "SERVICE_NOT_AVAILABLE")
+_RESULT_COLUMNS = ("status", "queue_id", "queue_offset", "physical_offset", "message_id", "reason")
+_new_tuple = tuple.__new__   # SendResult rows from zipped columns, without a call per field
 
 
 # --- values ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """One message's outcome as the node reported it."""
+class SendResult(NamedTuple):
+    """One message's outcome as the node reported it. A named tuple rather than a frozen
+    dataclass: a batch's results are made from the reply's columns in one C-level pass
+    (see Producer._resolve), where a frozen dataclass costs ~0.7 µs per message."""
 
     status: str
     queue_id: int
@@ -102,19 +109,55 @@ class ReceivedMessage:
                 "store_timestamp": self.store_timestamp, "body_bytes": len(self.body), "body": body}
 
 
-@dataclass(slots=True)
+# UNIQ_KEY, the client's id of a message, made as RocketMQ's client makes it: a prefix
+# unique to the process and a counter, 32 hex digits. The prefix is 64 random bits (drawn
+# again in a forked child), so keys of different processes collide with odds of about
+# processes**2 / 2**65; one process never repeats a key. Far cheaper than 16 random bytes
+# per message (a system call each).
+_uniq_key_prefix = os.urandom(8).hex().upper()
+_uniq_key_counter = itertools.count()
+
+
+def new_uniq_key() -> str:
+    """A fresh UNIQ_KEY (32 upper-case hex digits)."""
+    return f"{_uniq_key_prefix}{next(_uniq_key_counter):016X}"
+
+
+def _new_uniq_key_prefix() -> None:
+    global _uniq_key_prefix
+    _uniq_key_prefix = os.urandom(8).hex().upper()
+
+
+os.register_at_fork(after_in_child=_new_uniq_key_prefix)
+
+
+@dataclass(slots=True, init=False)
 class OutgoingMessage:
-    """A message to send. ``queue_id`` None lets the node pick (round robin)."""
+    """A message to send. ``queue_id`` None lets the node pick (round robin);
+    ``uniq_key`` None gets a new one (new_uniq_key)."""
 
     body: bytes
-    keys: list[str] | tuple[str, ...] = ()
-    tags: str | None = None
-    properties: dict[str, str] = field(default_factory=dict)
-    queue_id: int | None = None
-    uniq_key: str = field(default_factory=lambda: os.urandom(16).hex().upper())  # 128 random bits as uuid4 gives, far cheaper
+    keys: list[str] | tuple[str, ...]
+    tags: str | None
+    properties: dict[str, str]
+    queue_id: int | None
+    uniq_key: str
+
+    # written out: the generated __init__'s default factories cost as much as the rest of it
+    def __init__(self, body: bytes, keys: list[str] | tuple[str, ...] = (), tags: str | None = None,
+                 properties: dict[str, str] | None = None, queue_id: int | None = None,
+                 uniq_key: str | None = None) -> None:
+        self.body = body
+        self.keys = keys
+        self.tags = tags
+        self.properties = {} if properties is None else properties
+        self.queue_id = queue_id
+        self.uniq_key = f"{_uniq_key_prefix}{next(_uniq_key_counter):016X}" if uniq_key is None else uniq_key
 
     def to_wire(self) -> dict:
-        item: dict = {"body": self.body, "properties": {**self.properties, "UNIQ_KEY": self.uniq_key}}
+        properties = self.properties
+        item: dict = {"body": self.body, "properties": {**properties, "UNIQ_KEY": self.uniq_key} if properties
+                      else {"UNIQ_KEY": self.uniq_key}}
         if self.keys:
             item["keys"] = list(self.keys)
         if self.tags:
@@ -140,7 +183,32 @@ def error_from_reply(reply: dict) -> RequestError:
     return RequestError(name, message)
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionStatistics:
+    """How a connection's replies were read: by the waiting callers themselves (leaders),
+    or by its background task after a leader handed the role over."""
+
+    requests_submitted: int
+    reads_by_callers: int
+    reads_in_background: int
+    handovers: int
+
+
 # --- connection --------------------------------------------------------------------------
+# Who reads a connection's replies. One task at a time reads (trio's rule for a stream):
+#
+#   None         nobody: the next caller that waits for a reply reads itself (the leader)
+#   a _Pending   that request's caller reads until its own reply is in, handing the
+#                replies of others to their waiters, then gives the role up
+#   _BACKGROUND  the connection's own task (Connection.run) reads for the waiters
+#
+# A caller alone on the connection so gets its reply with one wake-up (the socket's)
+# instead of two (the reading task's, then its own). A leader that leaves while other
+# requests wait for replies (answered, timed out, cancelled) hands the role to the
+# background task, which reads while any request waits and then gives it up.
+_BACKGROUND = "background"
+
+
 class _Pending:
     __slots__ = ("opaque", "connection", "event", "reply", "error", "timeout_ms")
 
@@ -154,9 +222,14 @@ class _Pending:
 
     async def wait(self, timeout_ms: int | None = REQUEST_TIMEOUT_MS) -> dict:
         """The SUCCESS reply's map; raises the typed error, or RequestTimeoutError."""
-        if timeout_ms is not None and not self.event.is_set():
-            self.connection._watch_deadline(self, timeout_ms)
-        await self.event.wait()
+        if not self.event.is_set():
+            connection = self.connection
+            if timeout_ms is not None:
+                connection._watch_deadline(self, timeout_ms)
+            if connection._reader is None:
+                await connection._read_until_answered(self)
+            else:
+                await self.event.wait()
         if self.error is not None:
             raise self.error
         if self.reply.get("code") != ResponseCode.SUCCESS:
@@ -171,7 +244,15 @@ class Connection:
         self.stream = stream
         self.address = address
         self._decoder = decoder
+        # a socket stream is read and written here without trio's stream wrapper
+        self._socket = stream.socket if type(stream) is trio.SocketStream else None
+        self._idle_poll = select.poll()   # has the node sent anything (or closed) since the last read?
+        if self._socket is not None:
+            self._idle_poll.register(self._socket.fileno(), select.POLLIN)
         self._pending: dict[int, _Pending] = {}
+        self._reader: _Pending | str | None = None      # who reads replies (see above)
+        self._leader_scope: trio.CancelScope | None = None
+        self._background_wanted = trio.lowlevel.ParkingLot()
         # reply deadlines: per timeout, (deadline, opaque) in the order they were set, so each
         # queue's head expires first; one task sleeps until the earliest head (see run)
         self._deadlines: dict[int, deque[tuple[float, int]]] = {}
@@ -181,6 +262,11 @@ class Connection:
         self._send_lock = trio.Lock()
         self._scope: trio.CancelScope | None = None
         self.closed_error: Exception | None = None
+        self._caller_reads = self._background_reads = self._handovers = 0
+
+    def statistics(self) -> ConnectionStatistics:
+        return ConnectionStatistics(self._next_opaque - 1, self._caller_reads, self._background_reads,
+                                    self._handovers)
 
     @property
     def closed(self) -> bool:
@@ -194,32 +280,59 @@ class Connection:
         bounded by SEND_TIMEOUT_MS instead. While no other write is under way the socket
         is tried directly first (socket_io.py): a frame it takes whole leaves with no
         scheduling point and no cancel scope (the wait for the reply is the checkpoint).
+
+        While nobody reads the connection, what the node sent since the last read is
+        looked at first: a connection the node closed is found here, before the request
+        is written (so it is surely not sent), not after it (its outcome unknown).
         """
+        if self._reader is None and self._socket is not None and self.closed_error is None \
+                and self._idle_poll.poll(0):
+            self._read_while_idle()
         if self.closed_error is not None:
             raise ConnectionLostError(f"connection to {self.address} is closed: {self.closed_error}")
         opaque = self._next_opaque
         self._next_opaque += 1
         frame = protocol.encode_frame({"code": int(code), "opaque": opaque, **fields})
-        if self._send_lock.locked():
+        # The send lock orders writes that wait. One that does not wait (the socket takes
+        # the frame whole, with no checkpoint in between) needs no lock: nobody can see it.
+        locked = self._send_lock.locked()
+        if locked:
             await self._send_lock.acquire()   # a write is under way: queue behind it, in order
-        else:
-            self._send_lock.acquire_nowait()  # idle: no scheduling point before the write
         pending = self._pending[opaque] = _Pending(opaque, self)
         try:
             sent = write_now(self.stream, frame)
             if sent == len(frame):
                 return pending
+            if not locked:
+                self._send_lock.acquire_nowait()  # free: no checkpoint since it was looked at
+                locked = True
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + SEND_TIMEOUT_MS / 1000
-                await self.stream.send_all(memoryview(frame)[sent:] if sent else frame)
+                await self._write_rest(memoryview(frame)[sent:])
             if scope.cancelled_caught:
                 self._fail_all(ConnectionLostError(f"connection to {self.address}: a request could not be "
                                                    f"written within {SEND_TIMEOUT_MS} ms"))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
             self._fail_all(ConnectionLostError(f"connection to {self.address} lost while sending: {error}"))
         finally:
-            self._send_lock.release()
+            if locked:
+                self._send_lock.release()
         return pending
+
+    async def _write_rest(self, data: memoryview) -> None:
+        """Write what the socket did not take at once (the caller holds the send lock)."""
+        socket = self._socket
+        if socket is None:
+            await self.stream.send_all(data)
+            return
+        while data:
+            try:
+                await trio.lowlevel.wait_writable(socket)
+            except trio.ClosedResourceError:
+                if socket.fileno() < 0:
+                    raise
+                continue  # a leader was woken on this socket (see _wake): not closed, wait again
+            data = data[write_now(self.stream, data):]
 
     def forget(self, pending: _Pending) -> None:
         """Stop waiting for ``pending``'s reply (answered, timed out or given up)."""
@@ -234,8 +347,8 @@ class Connection:
             self.forget(pending)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Read replies until the connection ends (run in a nursery; ``aclose`` stops it),
-        and time out the requests whose reply is late."""
+        """Read replies while requests wait and no caller reads (run in a nursery; ``aclose``
+        stops it), and time out the requests whose reply is late."""
         with trio.CancelScope() as scope:
             self._scope = scope
             async with trio.open_nursery() as nursery:
@@ -243,19 +356,85 @@ class Connection:
                 task_status.started()
                 try:
                     while True:
-                        data = await receive_some(self.stream, RECEIVE_BYTES)
-                        if not data:
-                            raise ConnectionLostError(f"{self.address} closed the connection")
-                        for reply in self._decoder.feed_strict(data):
-                            self._on_reply(reply)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-                    self._fail_all(ConnectionLostError(f"connection to {self.address} lost: {error}"))
-                except (ConnectionLostError, FrameError) as error:
-                    self._fail_all(error if isinstance(error, ConnectionLostError)
-                                   else ConnectionLostError(f"{self.address} sent a broken frame: {error}"))
+                        while self._reader is not _BACKGROUND:
+                            await self._background_wanted.park()
+                        while self._pending:
+                            data = await receive_some(self.stream, RECEIVE_BYTES)
+                            self._background_reads += 1
+                            self._take(data)
+                        self._reader = None
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+                        ConnectionLostError, FrameError) as error:
+                    self._fail_all(self._lost_error(error))
                 nursery.cancel_scope.cancel()
         if self.closed_error is None:
             self._fail_all(ConnectionLostError("connection closed by the client"))
+
+    # --- reading -------------------------------------------------------------------------
+    async def _read_until_answered(self, pending: _Pending) -> None:
+        """Read as the leader until ``pending`` is answered, failed or timed out; then give
+        the role up, to the background task if other requests still wait.
+
+        Bytes read are decoded and their replies handed out before the next checkpoint, so
+        a leader that is cancelled loses nobody's reply. The deadline task and
+        ``_fail_all`` wake a leader that waits for bytes (see ``_wake``).
+        """
+        self._reader = pending
+        socket = self._socket
+        try:
+            if socket is not None:
+                while not pending.event.is_set():
+                    # the reply cannot be there yet (the request just left): wait, then read
+                    try:
+                        await trio.lowlevel.wait_readable(socket)
+                    except trio.ClosedResourceError:
+                        if socket.fileno() < 0:
+                            raise
+                        continue  # woken by _wake while the socket is open: the loop's condition says why
+                    data = _read_now(socket)
+                    if data is not None:
+                        self._caller_reads += 1
+                        self._take(data)
+            else:
+                with trio.CancelScope() as self._leader_scope:
+                    while not pending.event.is_set():
+                        data = await self.stream.receive_some(RECEIVE_BYTES)
+                        self._caller_reads += 1
+                        self._take(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+                ConnectionLostError, FrameError) as error:
+            self._fail_all(self._lost_error(error))
+        finally:
+            self._leader_scope = None
+            self._reader = None
+            if self.closed_error is None and len(self._pending) > (pending.opaque in self._pending):
+                self._reader = _BACKGROUND
+                self._handovers += 1
+                self._background_wanted.unpark()
+
+    def _read_while_idle(self) -> None:
+        """With nobody reading: take what the node sent (frames, or its close) without waiting."""
+        try:
+            data = _read_now(self._socket)
+            if data is not None:
+                self._take(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+                ConnectionLostError, FrameError) as error:
+            self._fail_all(self._lost_error(error))
+
+    def _take(self, data: bytes) -> None:
+        """Hand out the replies in ``data``; ConnectionLostError at the end of the stream."""
+        if not data:
+            raise ConnectionLostError(f"{self.address} closed the connection")
+        for reply in self._decoder.feed_strict(data):
+            self._on_reply(reply)
+
+    def _lost_error(self, error: Exception) -> ConnectionLostError:
+        if isinstance(error, ConnectionLostError):
+            return error
+        if isinstance(error, FrameError):
+            return ConnectionLostError(f"{self.address} sent a broken frame: {error}")
+        return ConnectionLostError(f"connection to {self.address} lost: {error}")
 
     # --- reply deadlines -----------------------------------------------------------------
     # A cancel scope per request (trio.move_on_after) costs more than the rest of a small
@@ -294,7 +473,7 @@ class Connection:
                     pending = self._pending.pop(opaque, None)
                     if pending is not None:
                         pending.error = RequestTimeoutError(f"no reply within {timeout_ms} ms; the outcome is unknown")
-                        pending.event.set()
+                        self._wake(pending)
                     self._drop_answered(timeout_ms)
                 if queue:
                     wake_at = min(wake_at, queue[0][0])
@@ -303,6 +482,22 @@ class Connection:
                 await trio.sleep_forever()
             self._deadline_scope = None
 
+    def _wake(self, pending: _Pending) -> None:
+        """Wake ``pending``'s caller: from its event, or from its read if it is the leader.
+
+        A leader on a socket waits in ``wait_readable``; a cancel scope around each such
+        wait would cost more than the rest of a request's bookkeeping, so it is woken with
+        ``notify_closing``, which wakes the socket's waiters with ClosedResourceError and
+        closes nothing. Nobody else waits on the socket then: the background task reads
+        only while no leader does, and a write that waits (``_write_rest``) waits again.
+        """
+        pending.event.set()
+        if self._reader is pending:
+            if self._socket is not None:
+                trio.lowlevel.notify_closing(self._socket)
+            else:
+                self._leader_scope.cancel()
+
     def _on_reply(self, reply: object) -> None:
         if not isinstance(reply, dict):
             raise FrameError("a reply is not a map")
@@ -310,7 +505,7 @@ class Connection:
         pending = self._pending.pop(opaque, None) if isinstance(opaque, int) else None
         if pending is not None:
             pending.reply = reply
-            pending.event.set()
+            pending.event.set()   # a leader reading its own reply sees it when its read returns
             if pending.timeout_ms is not None:
                 self._drop_answered(pending.timeout_ms)
         elif opaque is None and reply.get("code") != ResponseCode.SUCCESS:
@@ -323,13 +518,29 @@ class Connection:
         pending, self._pending = self._pending, {}
         for item in pending.values():
             item.error = error
-            item.event.set()
+            self._wake(item)
 
     async def aclose(self) -> None:
         if self._scope is not None:
             self._scope.cancel()
         self._fail_all(ConnectionLostError("connection closed by the client"))
         await trio.aclose_forcefully(self.stream)
+
+
+def _read_now(socket: trio.socket.SocketType) -> bytes | None:
+    """What the socket holds now (b"" at its end), or None when nothing waits. Never a
+    scheduling point. ClosedResourceError once closed, BrokenResourceError if it failed."""
+    fd = socket.fileno()  # looked up each time: -1 once closed, never a reused number
+    if fd < 0:
+        raise trio.ClosedResourceError("the socket was closed")
+    try:
+        return os.read(fd, RECEIVE_BYTES)
+    except BlockingIOError:
+        return None
+    except OSError as error:
+        if error.errno == errno.EBADF:
+            raise trio.ClosedResourceError("the socket was closed") from error
+        raise trio.BrokenResourceError(f"socket read failed: {error}") from error
 
 
 def _sole_error(group: BaseExceptionGroup) -> BaseException:
@@ -478,7 +689,7 @@ class _Batch:
     def __init__(self, topic: str, messages: list[OutgoingMessage]) -> None:
         self.topic = topic
         self.messages = messages
-        self.size_bytes = sum(message.size_bytes for message in messages)
+        self.size_bytes = 0   # of the messages added (only send's batches are closed by size)
         self.done = trio.Event()
         self.results: list[SendResult] | None = None
         self.errors: list[Exception] | None = None
@@ -659,13 +870,14 @@ class Producer:
             for attempt in range(self.retries_max + 1):
                 try:
                     connection = await self._current_connection()
+                    pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire,
+                                                      result_columns=True)
                 except ConnectionLostError as error:
                     if attempt == self.retries_max:
                         self._fail(batch, error)
                         return
                     await self._back_off(attempt)
-                    continue  # nothing was sent: safe to retry
-                pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire, result_columns=True)
+                    continue  # nothing was sent (submit raises only before writing): safe to retry
                 if unsent:
                     unsent = False
                     self._closed_unsent -= 1
@@ -724,13 +936,14 @@ class Producer:
         columns = reply.get("result_columns")
         if columns is None:  # a node that answers with one map per message
             results = reply["results"]
-            columns = {name: [item.get(name, "") for item in results]
-                       for name in ("status", "queue_id", "queue_offset", "physical_offset", "message_id", "reason")}
+            columns = {name: [item.get(name, "") for item in results] for name in _RESULT_COLUMNS}
         statuses = columns["status"]
-        invariant(len(statuses) == len(batch.messages), "a send reply has one result per message")
-        outcomes = list(map(SendResult, statuses, columns["queue_id"], columns["queue_offset"],
-                            columns["physical_offset"], columns["message_id"],
-                            [message.uniq_key for message in batch.messages], columns["reason"]))
+        invariant(all(len(columns[name]) == len(batch.messages) for name in _RESULT_COLUMNS),
+                  "a send reply has one result per message in each column")
+        uniq_keys = [message.uniq_key for message in batch.messages]
+        rows = zip(statuses, columns["queue_id"], columns["queue_offset"], columns["physical_offset"],
+                   columns["message_id"], uniq_keys, columns["reason"])
+        outcomes = list(map(_new_tuple, itertools.repeat(SendResult), rows))
         sent = statuses.count("PUT_OK")
         self._sent += sent
         self._failed += len(statuses) - sent
