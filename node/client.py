@@ -155,9 +155,7 @@ class OutgoingMessage:
         self.uniq_key = f"{_uniq_key_prefix}{next(_uniq_key_counter):016X}" if uniq_key is None else uniq_key
 
     def to_wire(self) -> dict:
-        properties = self.properties
-        item: dict = {"body": self.body, "properties": {**properties, "UNIQ_KEY": self.uniq_key} if properties
-                      else {"UNIQ_KEY": self.uniq_key}}
+        item: dict = {"body": self.body, "properties": self.wire_properties()}
         if self.keys:
             item["keys"] = list(self.keys)
         if self.tags:
@@ -166,9 +164,23 @@ class OutgoingMessage:
             item["queue_id"] = self.queue_id
         return item
 
+    def wire_properties(self) -> dict[str, str]:
+        """The properties as sent: the message's own and its UNIQ_KEY."""
+        properties = self.properties
+        return {**properties, "UNIQ_KEY": self.uniq_key} if properties else {"UNIQ_KEY": self.uniq_key}
+
     @property
     def size_bytes(self) -> int:
         return len(self.body) + 64
+
+
+def send_fields(messages: list[OutgoingMessage]) -> dict:
+    """A SEND's messages: ``message_columns`` (a list per field) when every one is plain, a
+    body and properties; ``messages`` (a map each) when any carries keys, tags or a queue."""
+    if any(message.keys or message.tags or message.queue_id is not None for message in messages):
+        return {"messages": [message.to_wire() for message in messages]}
+    return {"message_columns": {"body": [message.body for message in messages],
+                                "properties": [message.wire_properties() for message in messages]}}
 
 
 def error_from_reply(reply: dict) -> RequestError:
@@ -866,12 +878,11 @@ class Producer:
         unsent = True
         try:
             self._batch_count += 1
-            wire = [message.to_wire() for message in batch.messages]
+            wire = send_fields(batch.messages)
             for attempt in range(self.retries_max + 1):
                 try:
                     connection = await self._current_connection()
-                    pending = await connection.submit(RequestCode.SEND, topic=topic, messages=wire,
-                                                      result_columns=True)
+                    pending = await connection.submit(RequestCode.SEND, topic=topic, result_columns=True, **wire)
                 except ConnectionLostError as error:
                     if attempt == self.retries_max:
                         self._fail(batch, error)

@@ -385,7 +385,7 @@ async def test_a_producer_retries_a_send_on_a_connection_the_node_closed_while_i
             nursery.start_soon(node.serve)
             while not node.requests:
                 await trio.sleep(0.001)
-            count = len(node.requests[0]["messages"])
+            count = len(node.requests[0]["message_columns"]["body"])
             columns = {"status": ["PUT_OK"] * count, "queue_id": [0] * count, "queue_offset": [len(connections)] * count,
                        "physical_offset": [0] * count, "message_id": ["M"] * count, "reason": [""] * count}
             await node.answer(node.requests[0], result_columns=columns)

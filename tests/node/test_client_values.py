@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from node.client import OutgoingMessage, Producer, SendResult, _Batch, new_uniq_key
+from node.client import OutgoingMessage, Producer, SendResult, _Batch, new_uniq_key, send_fields
 
 
 def test_wire_maps_hold_what_was_set_and_nothing_else():
@@ -85,3 +85,13 @@ def test_a_reply_with_a_short_column_is_refused():
                "physical_offset": [1, 2], "message_id": ["m1"], "reason": ["", ""]}
     with pytest.raises(AssertionError):
         producer._resolve(batch, {"result_columns": columns})
+
+
+def test_plain_messages_travel_as_columns_and_any_other_batch_as_maps():
+    plain = [OutgoingMessage(b"a", uniq_key="K1"), OutgoingMessage(b"b", properties={"p": "v"}, uniq_key="K2")]
+    assert send_fields(plain) == {"message_columns": {
+        "body": [b"a", b"b"], "properties": [{"UNIQ_KEY": "K1"}, {"p": "v", "UNIQ_KEY": "K2"}]}}
+    for odd in (OutgoingMessage(b"c", keys=["k"]), OutgoingMessage(b"c", tags="t"), OutgoingMessage(b"c", queue_id=0)):
+        fields = send_fields([*plain, odd])
+        assert list(fields) == ["messages"]
+        assert fields["messages"] == [message.to_wire() for message in [*plain, odd]]
