@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from itertools import chain
+from operator import attrgetter
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable
 
@@ -266,10 +267,9 @@ class RequestHandlers:
         statuses, reasons = self._statuses(results, started, failure)
         if columns:
             return {"result_columns": {
-                "status": statuses, "queue_id": queue_ids,
-                "queue_offset": [result.queue_offset for result in results],
-                "physical_offset": [result.physical_offset for result in results],
-                "message_id": [result.message_id for result in results], "reason": reasons}}
+                "status": statuses, "queue_id": queue_ids, "queue_offset": list(map(_QUEUE_OFFSET, results)),
+                "physical_offset": list(map(_PHYSICAL_OFFSET, results)),
+                "message_id": list(map(_MESSAGE_ID, results)), "reason": reasons}}
         return {"results": [
             {"status": status, "queue_id": queue_id, "queue_offset": result.queue_offset,
              "physical_offset": result.physical_offset, "message_id": result.message_id,
@@ -280,8 +280,8 @@ class RequestHandlers:
         """Each result's status name and reason ("" for none) after ``failure``, with the
         puts counted."""
         count = len(results)
-        if failure is None and all(result.status is _PUT_OK for result in results):
-            self._count_puts(count, sum(result.wrote_bytes for result in results), 0, started)
+        if failure is None and set(map(_STATUS, results)) == _ALL_PUT_OK:
+            self._count_puts(count, sum(map(_WROTE_BYTES, results)), 0, started)
             return ["PUT_OK"] * count, [""] * count
         statuses, reasons = [], []
         ok_count = ok_bytes = 0
@@ -495,6 +495,10 @@ class RequestHandlers:
 
 _BODY_AND_PROPERTIES = frozenset(("body", "properties"))
 _PUT_OK = PutStatus.PUT_OK  # a module global: enum member lookups through the class cost on the hot path
+_ALL_PUT_OK = {_PUT_OK}
+# a PutResult's fields, read by C-level maps over a batch's results
+_STATUS, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _MESSAGE_ID, _WROTE_BYTES = (
+    attrgetter(name) for name in ("status", "queue_offset", "physical_offset", "message_id", "wrote_bytes"))
 _REPLICA_FAILURE_REASONS = {
     "FLUSH_SLAVE_TIMEOUT": "written on the master, not acknowledged by enough in-sync replicas within "
                            "slave_timeout_ms; it may or may not survive a failover",
