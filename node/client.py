@@ -15,7 +15,6 @@ never retried, so a retry can never silently store a message twice.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import math
 import os
@@ -35,7 +34,7 @@ from .errors import (AuthError, ConnectionLostError, FrameError, NotMasterError,
                      UnknownOutcomeError)
 from .protocol import FrameDecoder, RequestCode, ResponseCode
 from .server import auth_digest
-from .socket_io import receive_some, write_now
+from .socket_io import read_now, receive_some, write_now
 
 RECEIVE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_MS = 5_000
@@ -403,7 +402,7 @@ class Connection:
                         if socket.fileno() < 0:
                             raise
                         continue  # woken by _wake while the socket is open: the loop's condition says why
-                    data = _read_now(socket)
+                    data = read_now(socket, RECEIVE_BYTES)
                     if data is not None:
                         self._caller_reads += 1
                         self._take(data)
@@ -427,7 +426,7 @@ class Connection:
     def _read_while_idle(self) -> None:
         """With nobody reading: take what the node sent (frames, or its close) without waiting."""
         try:
-            data = _read_now(self._socket)
+            data = read_now(self._socket, RECEIVE_BYTES)
             if data is not None:
                 self._take(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
@@ -537,22 +536,6 @@ class Connection:
             self._scope.cancel()
         self._fail_all(ConnectionLostError("connection closed by the client"))
         await trio.aclose_forcefully(self.stream)
-
-
-def _read_now(socket: trio.socket.SocketType) -> bytes | None:
-    """What the socket holds now (b"" at its end), or None when nothing waits. Never a
-    scheduling point. ClosedResourceError once closed, BrokenResourceError if it failed."""
-    fd = socket.fileno()  # looked up each time: -1 once closed, never a reused number
-    if fd < 0:
-        raise trio.ClosedResourceError("the socket was closed")
-    try:
-        return os.read(fd, RECEIVE_BYTES)
-    except BlockingIOError:
-        return None
-    except OSError as error:
-        if error.errno == errno.EBADF:
-            raise trio.ClosedResourceError("the socket was closed") from error
-        raise trio.BrokenResourceError(f"socket read failed: {error}") from error
 
 
 def _sole_error(group: BaseExceptionGroup) -> BaseException:

@@ -13,7 +13,8 @@ sockets: the in-memory streams of tests). The callers serialise their writes the
 Reading: ``receive_some`` does what ``trio.SocketStream.receive_some`` does (read at once
 when bytes wait and then yield once; otherwise wait until readable and read) without its
 per-call context managers, which cost more than the read itself for a small request.
-Each connection has one reading task, as trio's conflict detector would insist.
+One task reads a connection at a time, as trio's conflict detector would insist (the
+node's reader task; on the client, whichever caller holds the reading role).
 """
 
 from __future__ import annotations
@@ -31,18 +32,20 @@ async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes:
         return await stream.receive_some(max_bytes)
     socket = stream.socket
     await trio.lowlevel.checkpoint_if_cancelled()
-    data = _read_now(socket, max_bytes)
+    data = read_now(socket, max_bytes)
     if data is not None:
         await trio.lowlevel.cancel_shielded_checkpoint()  # the yield trio makes after a read that did not wait
         return data
     while True:
         await trio.lowlevel.wait_readable(socket)
-        data = _read_now(socket, max_bytes)
+        data = read_now(socket, max_bytes)
         if data is not None:
             return data
 
 
-def _read_now(socket, max_bytes: int) -> bytes | None:
+def read_now(socket, max_bytes: int) -> bytes | None:
+    """What the socket holds now (b"" at its end), or None when nothing waits. Never a
+    scheduling point. ClosedResourceError once closed, BrokenResourceError if it failed."""
     fd = socket.fileno()
     if fd < 0:
         raise trio.ClosedResourceError("the socket was closed")
