@@ -173,8 +173,8 @@ def index_key_hashes(prefix_hashes: list[int], keys: list[str]) -> list[int]:
     product with numpy (the polynomial fits in 64 bits: 255 terms below 2^40 each);
     anything else takes the scalar path. Same values as the scalar functions, bit for bit.
     """
-    if len(keys) < _VECTOR_GROUP_MIN:
-        return _index_key_hashes_each(prefix_hashes, keys)
+    if len(keys) < _VECTOR_GROUP_MIN:  # too few for a group: no grouping at all
+        return list(map(index_key_hash_with_prefix, prefix_hashes, keys))
     result = [0] * len(keys)
     by_length: dict[int, list[int]] = {}
     for number, key in enumerate(keys):
@@ -206,22 +206,6 @@ def index_key_hashes(prefix_hashes: list[int], keys: list[str]) -> list[int]:
 
 _VECTOR_KEY_LENGTH_MAX = 255
 _VECTOR_GROUP_MIN = 8
-
-
-def _index_key_hashes_each(prefix_hashes: list[int], keys: list[str]) -> list[int]:
-    """``index_key_hashes`` of a few keys: ``index_key_hash_with_prefix`` inlined (a small
-    dispatch pass hashes a few keys, where two calls per key were most of the cost)."""
-    result = []
-    powers_of = _REVERSED_POWERS.get
-    for prefix_hash, key in zip(prefix_hashes, keys):
-        length = len(key)
-        powers = powers_of(length)
-        if powers is not None and key.isascii():
-            unsigned = (prefix_hash * _POW31[length] + sum(map(mul, key.encode("ascii"), powers))) & 0xFFFFFFFF
-        else:
-            unsigned = combine_hash(prefix_hash, key)
-        result.append(_abs_hash(unsigned) if unsigned & 0x80000000 else unsigned)
-    return result
 _VECTOR_POWERS: dict[int, "numpy.ndarray"] = {}
 
 

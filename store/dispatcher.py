@@ -232,10 +232,8 @@ class Dispatcher:
         if len(batch.key_hashes):
             self.index.put_many(batch.key_hashes, batch.key_offsets, batch.key_timestamps)
         written = set()
-        table = self.queues
         for queue_key, first_queue_offset, entries in batch.queue_runs:
-            queue = table.queues.get(queue_key) or table.get_or_create(*queue_key)
-            queue.append_entries(first_queue_offset, entries)
+            self.queues.get_or_create(*queue_key).append_entries(first_queue_offset, entries)
             written.add(queue_key)
         self.last_store_timestamp = batch.last_store_timestamp
         return written
