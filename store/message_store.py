@@ -328,10 +328,11 @@ class MessageStore:
         if len(bodies) >= COLUMNS_MESSAGES_MIN:
             columns = plain_batch_columns(topic, queue_ids, bodies, properties, self._topic_cache, self._host_cache,
                                           self._largest_record)
-        if columns is None:
-            return self.append([Message(topic, body, queue_id, properties=message_properties)
-                                for queue_id, body, message_properties in zip(queue_ids, bodies, properties)])
-        results = self.commit_log.append_columns(columns)
+        if columns is None:  # irregular or small: the per-message path, as append takes it
+            results = self._append_each([Message(topic, body, queue_id, properties=message_properties)
+                                         for queue_id, body, message_properties in zip(queue_ids, bodies, properties)])
+        else:
+            results = self.commit_log.append_columns(columns)
         self._wake_dispatcher()
         return results
 
