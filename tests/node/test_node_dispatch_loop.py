@@ -6,13 +6,14 @@ backlog is dispatched in bounded passes that let other requests through."""
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import pytest
 import trio
 import trio.testing
 
 from node.client import OutgoingMessage, open_admin, open_connection, open_producer
-from node.dispatch_loop import PASS_BYTES_MAX, serve_dispatch
+from node.dispatch_loop import serve_dispatch
 from node.node import serve_node
 from node.protocol import RequestCode
 from node.role import Role
@@ -146,13 +147,14 @@ async def test_a_busy_loop_gets_its_pass_after_the_interval(tmp_path):
 async def test_a_backlog_is_dispatched_in_bounded_passes_between_other_work(tmp_path):
     store = loop_store(tmp_path / "s")
     store.start()
+    pass_bytes_max = 256 * 1024   # smaller than the default, to keep the backlog small
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(serve_dispatch, store.dispatcher)
+            await nursery.start(partial(serve_dispatch, store.dispatcher, pass_bytes_max=pass_bytes_max))
             store.dispatcher.stop()
             for _ in range(8):
                 store.append([Message("t", b"b" * 1024, queue_id=0) for _ in range(512)])
-            assert store.dispatcher.lag_bytes > 16 * PASS_BYTES_MAX
+            assert store.dispatcher.lag_bytes > 16 * pass_bytes_max
             store.dispatcher.start()
             ticks = []
 
@@ -161,12 +163,12 @@ async def test_a_backlog_is_dispatched_in_bounded_passes_between_other_work(tmp_
                     ticks.append(store.dispatcher.lag_bytes)
                     await trio.sleep(0)
             await ticker()
-            # the ticker ran between passes, each pass took PASS_BYTES_MAX and the rest of
+            # the ticker ran between passes, each pass took pass_bytes_max and the rest of
             # the record it ends in (trio runs a batch's tasks in random order: two passes
             # may fall between two ticks)
             record_bytes_max = 2048
             assert len(ticks) >= 16
-            assert all(0 <= before - after <= 2 * (PASS_BYTES_MAX + record_bytes_max)
+            assert all(0 <= before - after <= 2 * (pass_bytes_max + record_bytes_max)
                        for before, after in zip(ticks, ticks[1:]))
             assert store.max_offset("t", 0) == 8 * 512
             nursery.cancel_scope.cancel()
