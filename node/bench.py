@@ -2,7 +2,9 @@
 (``hastore node start``, async flush, 1 KiB messages) driven over loopback by the client
 library in this process, measured against a floor taken in the same run: a bare trio
 frame echo server, also in its own process, answering frames of the same sizes as a
-single send's request and reply (node/echo.py).
+single send's request and reply (node/echo.py). Single sends and echo round trips
+alternate in blocks (``LATENCY_BLOCK``), so the ratio of their medians compares the two
+under the same conditions.
 
 Every phase is bounded by a count and a deadline; the node and the echo server are always
 stopped (SIGTERM, then SIGKILL), even when a phase fails. ``--runs`` repeats the
@@ -49,45 +51,62 @@ def _percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-async def _echo_round_trips(port: int, request_bytes: int, reply_bytes: int, samples: int) -> list[float]:
-    """Round trips (µs) of one request-sized frame answered by one reply-sized frame."""
-    frame = echo_request(request_bytes, reply_bytes)
-    expected = LENGTH.size + reply_bytes
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    times = []
-    async with stream:
-        with trio.fail_after(PHASE_DEADLINE_S):
-            for _ in range(samples):
-                started = time.perf_counter()
-                await stream.send_all(frame)
-                got = 0
-                while got < expected:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        raise NodeError("the echo server closed the connection")
-                    got += len(data)
-                times.append((time.perf_counter() - started) * 1e6)
-    return times
+# single sends and echo round trips alternate in blocks of this many, so that both see
+# the same spells of a noisy machine (one after the other, a slow spell during one of them
+# moved the ratio by 0.3)
+LATENCY_BLOCK = 100
 
 
-async def _single_sends(address: str, samples: int) -> tuple[list[float], int, int]:
-    """Round trips (µs) of one-message sends through the client's Connection, one at a time,
-    and the request and reply frame sizes (for the echo floor)."""
+async def _echo_round_trips(stream: trio.SocketStream, frame: bytes, expected: int, count: int,
+                            times: list[float]) -> None:
+    """``count`` round trips (µs, appended to ``times``) of ``frame`` answered by
+    ``expected`` bytes."""
+    for _ in range(count):
+        started = time.perf_counter()
+        await stream.send_all(frame)
+        got = 0
+        while got < expected:
+            data = await stream.receive_some(65536)
+            if not data:
+                raise NodeError("the echo server closed the connection")
+            got += len(data)
+        times.append((time.perf_counter() - started) * 1e6)
+
+
+async def _single_sends(connection, count: int, times: list[float]) -> dict:
+    """``count`` one-message sends through the client's Connection, one at a time (µs,
+    appended to ``times``); the last reply."""
+    reply = {}
+    for _ in range(count):
+        started = time.perf_counter()
+        reply = await connection.request(RequestCode.SEND, topic=TOPIC, messages=[OutgoingMessage(BODY).to_wire()])
+        times.append((time.perf_counter() - started) * 1e6)
+        if reply["results"][0]["status"] != "PUT_OK":
+            raise NodeError(f"send refused: {reply['results'][0]}")
+    return reply
+
+
+async def _latencies(address: str, echo_port: int, samples: int) -> tuple[list[float], list[float], int, int]:
+    """Single-send round trips and, as their floor, echo round trips of frames the sizes of
+    a send's request and reply, ``samples`` of each, alternating in blocks; and those two
+    frame sizes."""
+    sends: list[float] = []
+    floor: list[float] = []
     async with open_connection(address) as connection:
-        times = []
-        reply_bytes = 0
         with trio.fail_after(PHASE_DEADLINE_S):
-            for _ in range(samples):
-                started = time.perf_counter()
-                reply = await connection.request(RequestCode.SEND, topic=TOPIC,
-                                                 messages=[OutgoingMessage(BODY).to_wire()])
-                times.append((time.perf_counter() - started) * 1e6)
-                if reply["results"][0]["status"] != "PUT_OK":
-                    raise NodeError(f"send refused: {reply['results'][0]}")
-                reply_bytes = reply_bytes or len(protocol.encode_frame(reply)) - LENGTH.size
-    request_bytes = len(protocol.encode_frame({"code": int(RequestCode.SEND), "opaque": samples, "topic": TOPIC,
-                                               "messages": [OutgoingMessage(BODY).to_wire()]})) - LENGTH.size
-    return times, request_bytes, reply_bytes
+            reply = await _single_sends(connection, 1, [])   # the reply's size, for the echo frames
+            reply_bytes = len(protocol.encode_frame(reply)) - LENGTH.size
+            request_bytes = len(protocol.encode_frame({
+                "code": int(RequestCode.SEND), "opaque": samples, "topic": TOPIC,
+                "messages": [OutgoingMessage(BODY).to_wire()]})) - LENGTH.size
+            frame = echo_request(request_bytes, reply_bytes)
+            stream = await trio.open_tcp_stream("127.0.0.1", echo_port)
+            async with stream:
+                while len(sends) < samples:
+                    block = min(LATENCY_BLOCK, samples - len(sends))
+                    await _single_sends(connection, block, sends)
+                    await _echo_round_trips(stream, frame, LENGTH.size + reply_bytes, block, floor)
+    return sends, floor, request_bytes, reply_bytes
 
 
 async def _throughput(address: str, total: int, batch: int, in_flight: int) -> float:
@@ -116,8 +135,7 @@ async def _throughput(address: str, total: int, batch: int, in_flight: int) -> f
 
 
 async def _produce_run(address: str, echo_port: int, messages: int, samples: int) -> dict:
-    sends, request_bytes, reply_bytes = await _single_sends(address, samples)
-    floor = await _echo_round_trips(echo_port, request_bytes, reply_bytes, samples)
+    sends, floor, request_bytes, reply_bytes = await _latencies(address, echo_port, samples)
     singles = max(1000, messages // 10)
     figures = {
         "batch_1_in_flight_1_msgs_per_s": await _throughput(address, singles, 1, 1),
