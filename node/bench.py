@@ -52,8 +52,8 @@ def _percentile(values: list[float], p: float) -> float:
 
 
 # single sends and echo round trips alternate in blocks of this many, so that both see
-# the same spells of a noisy machine (one after the other, a slow spell during one of them
-# moved the ratio by 0.3)
+# the same spells of a noisy machine (taken one after the other, each could meet a
+# different one, and the ratio showed it)
 LATENCY_BLOCK = 100
 
 
