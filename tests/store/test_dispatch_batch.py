@@ -7,6 +7,7 @@ import os
 import random
 import struct
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -220,6 +221,28 @@ def tree_bytes(root: str) -> list[bytes]:
     return found
 
 
+class Rebuilt(NamedTuple):
+    count: int                 # messages dispatched
+    dispatched_offset: int
+    index_files: int
+    tree: list                 # tree_bytes of what was built
+
+
+def dispatch_afresh(commit_log, root: str, batch_bytes_max: int) -> Rebuilt:
+    """Build a fresh ConsumeQueue and IndexFile tree under ``root`` from the whole of
+    ``commit_log``, with a Dispatcher of its own (passes of ``batch_bytes_max``)."""
+    queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), 64)
+    index = IndexService(os.path.join(root, "index"), 64, 900)
+    queues.load()
+    index.load()
+    dispatcher = Dispatcher(commit_log, queues, index, batch_bytes_max)
+    count = dispatcher.catch_up()
+    index_files = len(index.files)
+    queues.close()
+    index.close()
+    return Rebuilt(count, dispatcher.dispatched_offset, index_files, tree_bytes(root))
+
+
 def test_dispatchers_build_identical_files(open_store, tmp_path, monkeypatch):
     store = open_store(commitlog_segment_bytes=64 * 1024)       # many segments, blank records
     store.dispatcher.stop()
@@ -237,18 +260,11 @@ def test_dispatchers_build_identical_files(open_store, tmp_path, monkeypatch):
     for name, records_min in (("columns", 1), ("each", 10**9)):
         monkeypatch.setattr(dispatcher_module, "_COLUMNS_RECORDS_MIN", records_min)
         monkeypatch.setattr(dispatcher_module, "_ALIKE_RECORDS_MIN", records_min)
-        root = str(tmp_path / name)
-        queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), 64)
-        index = IndexService(os.path.join(root, "index"), 64, 900)
-        queues.load()
-        index.load()
-        dispatcher = Dispatcher(store.commit_log, queues, index, 50_000)
-        assert dispatcher.catch_up() == 1200
-        assert dispatcher.dispatched_offset == store.commit_log.max_offset
-        assert len(index.files) > 1                              # files rolled over
-        queues.close()
-        index.close()
-        built[name] = tree_bytes(root)
+        rebuilt = dispatch_afresh(store.commit_log, str(tmp_path / name), 50_000)
+        assert rebuilt.count == 1200
+        assert rebuilt.dispatched_offset == store.commit_log.max_offset
+        assert rebuilt.index_files > 1                           # files rolled over
+        built[name] = rebuilt.tree
     assert built["columns"] == built["each"]
     store.dispatcher.start()
 
@@ -298,16 +314,9 @@ def test_dispatch_from_the_writers_offsets_matches_a_walk(open_store, tmp_path, 
                         lambda start, limit: taken.append(take(start, limit)) or taken[-1])
     built = {}
     for name in ("from the writer", "walked"):
-        root = str(tmp_path / name)
-        queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), 64)
-        index = IndexService(os.path.join(root, "index"), 64, 900)
-        queues.load()
-        index.load()
-        dispatcher = Dispatcher(store.commit_log, queues, index, 7_000)   # passes end inside runs
-        assert dispatcher.catch_up() == 600
-        queues.close()
-        index.close()
-        built[name] = tree_bytes(root)
+        rebuilt = dispatch_afresh(store.commit_log, str(tmp_path / name), 7_000)   # passes end inside runs
+        assert rebuilt.count == 600
+        built[name] = rebuilt.tree
         if name == "from the writer":
             assert sum(len(found[0]) for found in taken if found) == 600
             store.commit_log.written_runs.clear()

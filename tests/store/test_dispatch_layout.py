@@ -3,7 +3,6 @@ parse_each gives, or None when the records do not share one layout."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -11,10 +10,8 @@ import pytest
 from store import Message, dispatcher as dispatcher_module
 from store.dispatch_batch import DispatchParser
 from store.dispatch_layout import layout_of
-from store.dispatcher import ConsumeQueueTable, Dispatcher
-from store.index_file import IndexService
 
-from test_dispatch_batch import as_tuple, encode, tree_bytes
+from test_dispatch_batch import as_tuple, dispatch_afresh, encode
 
 # property sets as (name, value) with every value of one length per set; "?" is replaced
 # by a random character from ALPHABET in each record
@@ -131,16 +128,9 @@ def test_dispatchers_of_records_alike_build_identical_files(open_store, tmp_path
     for name, records_min in (("alike", 1), ("each", 10**9)):
         monkeypatch.setattr(dispatcher_module, "_ALIKE_RECORDS_MIN", records_min)
         monkeypatch.setattr(dispatcher_module, "_COLUMNS_RECORDS_MIN", 10**9)
-        root = str(tmp_path / name)
-        queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), 64)
-        index = IndexService(os.path.join(root, "index"), 64, 900)
-        queues.load()
-        index.load()
-        dispatcher = Dispatcher(store.commit_log, queues, index, 20_000)
-        assert dispatcher.catch_up() == 1200
-        queues.close()
-        index.close()
-        built[name] = tree_bytes(root)
+        rebuilt = dispatch_afresh(store.commit_log, str(tmp_path / name), 20_000)
+        assert rebuilt.count == 1200
+        built[name] = rebuilt.tree
     assert built["alike"] == built["each"]
     assert sum(batch.count for batch in parsed_alike if batch is not None) > 600
     assert None in parsed_alike
