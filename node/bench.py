@@ -29,6 +29,7 @@ import trio
 
 from . import protocol
 from .client import OutgoingMessage, open_connection, open_producer
+from .config import NodeConfig
 from .echo import LENGTH, echo_request
 from .errors import NodeError, NodeProcessError
 from .process import NodeProcess, read_ready_line, stop_process
@@ -191,13 +192,15 @@ def _run_client(async_fn, args, profile_path: str | None):
         profiler.dump_stats(profile_path)
 
 
-def _with_node(runs: int, profile_node: str | None, profile_client: str | None, measure) -> list[dict]:
-    """Start a node (and an echo server) in their own processes, run ``measure(address,
-    echo_port)`` ``runs`` times, stop both, and check the node stopped cleanly."""
+def _with_node(runs: int, profile_node: str | None, profile_client: str | None, measure,
+               settings: dict = NODE_SETTINGS) -> list[dict]:
+    """Start a node with ``settings`` (and an echo server) in their own processes, run
+    ``measure(address, echo_port)`` ``runs`` times, stop both, and check the node stopped
+    cleanly."""
     results = []
     with tempfile.TemporaryDirectory(prefix="hastore-bench-") as root:
         with _EchoProcess() as echo:
-            node = NodeProcess.start(root, NODE_SETTINGS, python_options=_node_options(profile_node))
+            node = NodeProcess.start(root, settings, python_options=_node_options(profile_node))
             try:
                 for run in range(runs):
                     click.echo(f"run {run + 1}/{runs} ...", err=True)
@@ -262,17 +265,23 @@ def _with_profile_options(command):
               help="Messages per batched run (single-message runs send a tenth, at least 1000).")
 @click.option("--samples", default=2000, show_default=True, type=click.IntRange(100, 100_000),
               help="Round trips for the latency figures and for the echo floor.")
+@click.option("--busy-poll-us", default=None, type=click.IntRange(0, 10_000),
+              help="The node's busy_poll_us (default: the node's default); 0 measures the node "
+                   "without busy polling.")
 @runs_option
 @json_option
 @_with_profile_options
-def bench_produce_command(messages: int, samples: int, runs: int, as_json: bool, profile_node: str | None,
-                          profile_client: str | None) -> None:
+def bench_produce_command(messages: int, samples: int, busy_poll_us: int | None, runs: int, as_json: bool,
+                          profile_node: str | None, profile_client: str | None) -> None:
     """Send throughput (batches of 1 and 64, several in flight) and single-send latency
     against a node in its own process, with a two-process trio echo round trip as the floor."""
     def measure(address: str, echo_port: int) -> dict:
         return _run_client(_produce_run, (address, echo_port, messages, samples), profile_client)
-    results = _run_bench(runs, profile_node, profile_client, measure)
-    figures = {"message_bytes": len(BODY), "flush": "async", "runs": runs, **_summary(results), "targets": TARGETS}
+    settings = NODE_SETTINGS if busy_poll_us is None else {**NODE_SETTINGS, "busy_poll_us": busy_poll_us}
+    results = _run_bench(runs, profile_node, profile_client, measure, settings)
+    busy_poll = NodeConfig().busy_poll_us if busy_poll_us is None else busy_poll_us
+    figures = {"message_bytes": len(BODY), "flush": "async", "busy_poll_us": busy_poll, "runs": runs,
+               **_summary(results), "targets": TARGETS}
     batched = figures["batch_64_in_flight_8_msgs_per_s"]
     figures["meets_targets"] = {
         "batched_msgs_per_s": batched >= TARGETS["batched_msgs_per_s_min"],
@@ -324,8 +333,9 @@ async def _consume_run_from(address: str, messages: int, base: int) -> dict:
     return {"consume_msgs_per_s": received / elapsed, "consume_mib_per_s": received * len(BODY) / elapsed / 2**20}
 
 
-def _run_bench(runs: int, profile_node: str | None, profile_client: str | None, measure) -> list[dict]:
+def _run_bench(runs: int, profile_node: str | None, profile_client: str | None, measure,
+               settings: dict = NODE_SETTINGS) -> list[dict]:
     try:
-        return _with_node(runs, profile_node, profile_client, measure)
+        return _with_node(runs, profile_node, profile_client, measure, settings)
     except NodeError as error:
         raise click.ClickException(str(error)) from None

@@ -22,6 +22,8 @@
     zk_session_timeout_ms: 6000      zk_refresh_interval_ms: 1000
     flush: async                     # sync | async
     secret: null                     # when set, clients and slaves pass an HMAC challenge
+    busy_poll_us: 200                # poll a connection this long after a request before the
+                                     # loop sleeps (lower latency for CPU); 0: off
     store: {commitlog_segment_bytes: ..., ...}   # any StoreConfig field but store_path, flush, store_host
                                                  # (and dispatcher_thread: a node dispatches in its loop)
 
@@ -71,6 +73,9 @@ class NodeConfig:
     in_flight_requests_max: int = 256          # per connection
     long_polling_timeout_ms_max: int = 30_000  # a client may ask for less, never more
     auth_timeout_ms: int = 5_000
+    # After a request, a connection's reader polls its socket this long before the loop
+    # sleeps in epoll, while nothing else needs the loop (node/busy_poll.py); 0: never.
+    busy_poll_us: int = 200
     auto_create_topics: bool = True
     default_queue_count: int = 4
     # How often the checkpointed config files are rewritten from memory.
@@ -119,6 +124,7 @@ class NodeConfig:
             problems.append("secret: must be non-empty when set")
         bounds = {"connections_max": (1, 100_000), "in_flight_requests_max": (1, 65_536),
                   "long_polling_timeout_ms_max": (0, 3_600_000), "auth_timeout_ms": (1, 600_000),
+                  "busy_poll_us": (0, 10_000),
                   "default_queue_count": (1, 1024), "config_persist_interval_ms": (10, 3_600_000),
                   "min_in_sync_replicas": (1, 16), "slave_timeout_ms": (1, 600_000),
                   "ha_max_time_slave_not_catchup_ms": (10, 3_600_000), "ha_heartbeat_interval_ms": (10, 60_000),

@@ -105,3 +105,13 @@ async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_B
                 await trio.lowlevel.checkpoint()  # a backlog: let other tasks run between passes
     finally:
         dispatcher.wake.on_set = None
+
+
+def idle_pass(dispatcher: Dispatcher, pass_bytes_max: int = PASS_BYTES_MAX):
+    """A function that runs one pass when the log is ahead of the dispatch and says whether
+    it ran one: the pass a connection's reader runs itself before it busy-polls
+    (busy_poll.py), when the dispatch task would run it next anyway (the loop has nothing
+    else to do)."""
+    def run() -> bool:
+        return dispatcher.lag_bytes > 0 and dispatcher.dispatch_pass(pass_bytes_max) is not None
+    return run

@@ -26,7 +26,8 @@ from store import MessageStore
 
 from .config import NodeConfig, split_address
 from .controller_mode import agent_settings, serve_controller_agent
-from .dispatch_loop import LoopCaller, serve_dispatch
+from .busy_poll import BusyPoll
+from .dispatch_loop import LoopCaller, idle_pass, serve_dispatch
 from .ha_roles import HaRuntime
 from .handlers import RequestHandlers
 from .metrics import NodeMetrics, open_listeners, serve_metrics
@@ -113,6 +114,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             node_box: list[Node] = []
             handlers = RequestHandlers(config, store, role, sys_config, metrics,
                                        status_extra=lambda: {"connections": server_box[0].connections,
+                                                             "busy_poll": _busy_poll_status(server_box[0]),
                                                              "client_address": client_address,
                                                              "ha_address": ha_address,
                                                              "metrics_address": metrics_address,
@@ -120,7 +122,8 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
                                                              "controller": _controller_status(node_box)})
             handlers.replicas = ha
             ha.on_confirm_advanced = handlers.waiters.notify_all
-            server = ClientServer(config, handlers, metrics)
+            server = ClientServer(config, handlers, metrics,
+                                  BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher)))
             server_box.append(server)
 
             def on_dispatch(dispatched_offset: int, grown_queues: set) -> None:
@@ -153,6 +156,12 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             if listener is not None:
                 store.dispatcher.remove_listener(listener)
             await trio.to_thread.run_sync(_shutdown, store, sys_config)
+
+
+def _busy_poll_status(server: ClientServer) -> dict:
+    statistics = server.statistics()
+    return {"window_us": server.config.busy_poll_us if server.busy_poll.enabled else 0,
+            "reads": statistics.busy_poll_reads, "seconds": round(statistics.busy_poll_seconds, 6)}
 
 
 def _controller_status(node_box: list) -> dict | None:

@@ -11,7 +11,8 @@ replication) run as tasks of the connection's nursery, bounded by
 ``in_flight_requests_max``, and write the same way. Replies carry their request's opaque
 and may leave in any order. A broken frame gets an error reply, written after every reply
 queued before it, and the connection closes; a peer that vanishes only ends its own
-connection.
+connection. Before a reader waits for its next request through trio, it busy-polls its
+socket for up to ``busy_poll_us`` while nothing else needs the loop (busy_poll.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import trio
 
 from . import protocol
+from .busy_poll import BusyPoll
 from .config import NodeConfig
 from .errors import FrameError
 from .handlers import RequestHandlers
@@ -46,6 +48,8 @@ class ServerStatistics:
     connections_refused: int
     frame_errors: int
     auth_failures: int
+    busy_poll_reads: int       # requests read by busy polling (busy_poll.py)
+    busy_poll_seconds: float   # time spent polling
 
 
 def auth_digest(secret: str, nonce: bytes) -> bytes:
@@ -56,16 +60,19 @@ def auth_digest(secret: str, nonce: bytes) -> bytes:
 class ClientServer:
     """Serves the client protocol on any trio stream (TCP or in-memory)."""
 
-    def __init__(self, config: NodeConfig, handlers: RequestHandlers, metrics: NodeMetrics) -> None:
+    def __init__(self, config: NodeConfig, handlers: RequestHandlers, metrics: NodeMetrics,
+                 busy_poll: BusyPoll | None = None) -> None:
         self.config = config
         self.handlers = handlers
         self.metrics = metrics
+        self.busy_poll = busy_poll or BusyPoll(0)
         self.connections = 0
         self._accepted = self._refused = self._frame_errors = self._auth_failures = 0
 
     def statistics(self) -> ServerStatistics:
+        polled = self.busy_poll.statistics()
         return ServerStatistics(self.connections, self._accepted, self._refused, self._frame_errors,
-                                self._auth_failures)
+                                self._auth_failures, polled.reads, polled.seconds)
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it closes; never raises for anything the peer does."""
@@ -114,6 +121,8 @@ class ClientServer:
         """Hand frames to the handlers until the peer closes ("eof"), vanishes ("gone") or
         breaks the framing ("broken")."""
         dispatch = self.handlers.dispatch
+        polling = self.busy_poll.reader(stream.socket) \
+            if self.busy_poll.enabled and type(stream) is trio.SocketStream else None
         while True:
             replies = []
             for payload in frames:
@@ -133,7 +142,9 @@ class ClientServer:
                     await writer.write_last(protocol.encode_frame(protocol.error_reply(None, code,
                                                                                        str(decoder.error))))
                     return "broken"
-                data = await receive_some(stream, RECEIVE_BYTES)
+                data = polling.read(RECEIVE_BYTES) if polling is not None else None
+                if data is None:
+                    data = await receive_some(stream, RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return "gone"  # the peer is gone (or the writer stopped because it is)
             if not data:

@@ -25,3 +25,4 @@ def test_bench_produce_runs_every_phase_and_prints_its_figures():
                                   figures["send_single_p50_ratio_to_floor_runs"]):
         assert abs(send / floor - ratio) < 0.02
     assert set(figures["meets_targets"]) == {"batched_msgs_per_s", "single_p50_ratio_to_floor"}
+    assert figures["busy_poll_us"] == 200   # the node's default, as no --busy-poll-us was given

@@ -1,0 +1,174 @@
+"""Busy polling (node/busy_poll.py): a reader polls its socket while the loop has nothing
+else to do, and gives the loop back at once when it has: other I/O, runnable tasks, a
+timer, or a millisecond of polling reads without a pass through trio. Real sockets in a
+real trio loop; the windows are long (seconds) where a test shows that something else
+ended the poll, so a slow machine cannot pass them by timing alone."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+import trio
+import trio.testing
+
+from node.busy_poll import YIELD_INTERVAL_S, BusyPoll
+from node.sync_client import SyncAdmin, SyncProducer
+
+LONG_US = 3_000_000   # a window no test waits out: something else must end the poll
+
+
+@pytest.fixture
+def pair():
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
+@pytest.mark.trio
+async def test_a_waiting_request_is_read_at_once_without_polling(pair):
+    ours, theirs = pair
+    busy = BusyPoll(LONG_US)
+    theirs.sendall(b"request")
+    assert busy.reader(ours).read(1024) == b"request"
+    assert busy.statistics().polls == 0
+
+
+@pytest.mark.trio
+async def test_a_request_that_arrives_while_polling_is_read_by_the_poll(pair):
+    ours, theirs = pair
+    busy = BusyPoll(LONG_US)
+    threading.Timer(0.05, theirs.sendall, (b"late",)).start()
+    started = time.perf_counter()
+    assert busy.reader(ours).read(1024) == b"late"
+    assert time.perf_counter() - started < 2
+    statistics = busy.statistics()
+    assert statistics.polls == 1 and statistics.reads == 1 and statistics.seconds >= 0.03
+
+
+@pytest.mark.trio
+async def test_the_end_of_the_stream_is_read_as_such(pair):
+    ours, theirs = pair
+    theirs.shutdown(socket.SHUT_WR)
+    assert BusyPoll(LONG_US).reader(ours).read(1024) == b""
+
+
+@pytest.mark.trio
+async def test_nothing_arriving_gives_up_after_the_window(pair):
+    ours, _ = pair
+    busy = BusyPoll(20_000)
+    started = time.perf_counter()
+    assert busy.reader(ours).read(1024) is None
+    assert 0.02 <= time.perf_counter() - started < 1.5
+    assert busy.statistics().reads == 0
+
+
+@pytest.mark.trio
+async def test_io_another_task_waits_for_ends_the_poll_at_once(pair):
+    ours, _ = pair
+    other, other_peer = socket.socketpair()
+    with other, other_peer:
+        got = []
+
+        async def other_reader() -> None:
+            await trio.lowlevel.wait_readable(other)
+            got.append(other.recv(16))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_reader)
+            await trio.testing.wait_all_tasks_blocked()   # registered with the loop's epoll
+            busy = BusyPoll(LONG_US)
+            threading.Timer(0.05, other_peer.sendall, (b"x",)).start()
+            started = time.perf_counter()
+            assert busy.reader(ours).read(1024) is None
+            assert time.perf_counter() - started < 2
+        assert got == [b"x"]
+
+
+@pytest.mark.trio
+async def test_runnable_tasks_are_not_kept_waiting(pair):
+    ours, _ = pair
+    busy = BusyPoll(LONG_US)
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            nursery.start_soon(trio.sleep, 0)
+        started = time.perf_counter()
+        assert busy.reader(ours).read(1024) is None   # two tasks wait to run
+        assert time.perf_counter() - started < 1
+    assert busy.statistics().polls == 0
+
+
+@pytest.mark.trio
+async def test_the_next_timer_ends_the_poll(pair):
+    ours, _ = pair
+    busy = BusyPoll(LONG_US)
+    with trio.move_on_after(0.05):
+        started = time.perf_counter()
+        assert busy.reader(ours).read(1024) is None
+        assert 0.04 <= time.perf_counter() - started < 2
+        await trio.sleep_forever()
+
+
+@pytest.mark.trio
+async def test_idle_work_runs_first_and_tasks_it_wakes_end_the_poll(pair):
+    ours, _ = pair
+    event = trio.Event()
+    woken = []
+
+    async def waiter() -> None:
+        await event.wait()
+        woken.append(True)
+
+    def work() -> bool:
+        event.set()
+        return True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        busy = BusyPoll(LONG_US, idle_work=work)
+        started = time.perf_counter()
+        assert busy.reader(ours).read(1024) is None
+        assert time.perf_counter() - started < 1
+    assert woken == [True, True]
+
+
+@pytest.mark.trio
+async def test_a_reader_that_keeps_reading_by_polling_goes_through_trio_every_millisecond(pair):
+    ours, theirs = pair
+    reader = BusyPoll(LONG_US).reader(ours)
+    theirs.sendall(b"one")
+    assert reader.read(1024) == b"one"
+    time.sleep(YIELD_INTERVAL_S * 2)
+    theirs.sendall(b"two")
+    assert reader.read(1024) is None   # its turn to pass through trio, though bytes wait
+    assert reader.read(1024) == b"two"  # after which it polls again
+
+
+@pytest.mark.trio
+async def test_zero_window_never_polls(pair):
+    ours, theirs = pair
+    busy = BusyPoll(0)
+    assert not busy.enabled
+    theirs.sendall(b"x")
+    assert busy.reader(ours).read(1024) is None
+
+
+def test_a_node_reads_a_one_at_a_time_client_by_polling_and_reports_it(node_process):
+    polling = node_process("polling", busy_poll_us=10_000)
+    quiet = node_process("quiet", busy_poll_us=0)
+    for node, polled in ((polling, True), (quiet, False)):
+        with SyncProducer(node.client_address) as producer:
+            for index in range(50):
+                assert producer.send("t", b"m%d" % index).ok
+        with SyncAdmin(node.client_address) as admin:
+            status = admin.status()["busy_poll"]
+        if polled:
+            assert status["window_us"] == 10_000 and status["reads"] >= 1 and status["seconds"] > 0
+        else:
+            assert status == {"window_us": 0, "reads": 0, "seconds": 0}
