@@ -19,7 +19,7 @@ and no other task waits for it:
   them registered there) ends the poll at once.
 - **Timers.** The loop's next deadline ends the poll.
 - **Time.** A reader that keeps getting requests by polling still passes through trio's
-  scheduler at least every ``YIELD_INTERVAL_S``.
+  scheduler at least every ``YIELD_INTERVAL_S`` (a checkpoint, after which it polls again).
 
 Costs: up to ``busy_poll_us`` of CPU after each request while the loop is otherwise idle.
 A node that only gets batches, or no requests, hardly polls. ``busy_poll_us: 0`` turns
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import trio
 
-from .socket_io import read_now
+from .socket_io import read_now, receive_some
 
 log = logging.getLogger(__name__)
 
@@ -84,26 +84,40 @@ class BusyPoll:
     def statistics(self) -> BusyPollStatistics:
         return BusyPollStatistics(self._reads, self._polls, self._seconds)
 
-    def reader(self, socket) -> "PollingReader":
-        """The polling reads of one connection's socket."""
-        return PollingReader(self, socket)
+    def reader(self, stream: trio.SocketStream) -> "PollingReader":
+        """The reads of one connection's socket stream, by polling where they may."""
+        return PollingReader(self, stream)
 
 
 class PollingReader:
-    """``read`` polls one socket; a None answer means: wait for it through trio."""
+    """``receive`` reads one socket stream, polling it first where it may."""
 
-    __slots__ = ("_busy", "_socket", "_since")
+    __slots__ = ("_busy", "_stream", "_socket", "_since", "_yield_due")
 
-    def __init__(self, busy: BusyPoll, socket) -> None:
+    def __init__(self, busy: BusyPoll, stream: trio.SocketStream) -> None:
         self._busy = busy
-        self._socket = socket
+        self._stream = stream
+        self._socket = stream.socket
         self._since: float | None = None   # when this reader last went through trio
+        self._yield_due = False
+
+    async def receive(self, max_bytes: int) -> bytes:
+        """``stream.receive_some(max_bytes)``, by polling where it may (see ``read``)."""
+        data = self.read(max_bytes)
+        if data is None and self._yield_due:
+            await trio.lowlevel.checkpoint()   # its turn to let the loop run, not to sleep
+            data = self.read(max_bytes)
+        if data is None:
+            data = await receive_some(self._stream, max_bytes)
+        return data
 
     def read(self, max_bytes: int) -> bytes | None:
         """What the socket held or received within the polling window (b"" at its end), or
-        None: the caller then waits with ``receive_some``, a scheduling point. Never a
+        None: the caller then waits with ``receive_some``, a scheduling point (or, when
+        only its turn to pass through trio came, checkpoints and polls again). Never a
         scheduling point itself. Raises what ``read_now`` raises."""
         busy = self._busy
+        self._yield_due = False
         if busy.window_s <= 0:
             return None
         now = time.perf_counter()
@@ -111,6 +125,7 @@ class PollingReader:
             self._since = now
         elif now - self._since > YIELD_INTERVAL_S:
             self._since = None
+            self._yield_due = True
             return None
         loop_ready = busy._loop_ready
         statistics = trio.lowlevel.current_statistics()

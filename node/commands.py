@@ -353,3 +353,8 @@ def status_command(bootstrap, secret, as_json) -> None:
                f"{store['flushed_offset']} dispatched {store['dispatched_offset']} (lag {store['dispatch_lag_bytes']} B)\n"
                f"  messages put {store['put_messages']}, topics {status['topics']}, "
                f"connections {status.get('connections')}")
+    polling = status.get("busy_poll")
+    if polling:
+        click.echo(f"  busy polling: {polling['window_us']} us window, {polling['reads']} requests read by "
+                   f"polling, {polling['seconds']:.3f} s spent polling" if polling["window_us"] else
+                   "  busy polling: off")

@@ -24,9 +24,9 @@ import trio
 
 from store import MessageStore
 
+from .busy_poll import BusyPoll
 from .config import NodeConfig, split_address
 from .controller_mode import agent_settings, serve_controller_agent
-from .busy_poll import BusyPoll
 from .dispatch_loop import LoopCaller, idle_pass, serve_dispatch
 from .ha_roles import HaRuntime
 from .handlers import RequestHandlers

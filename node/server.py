@@ -121,8 +121,8 @@ class ClientServer:
         """Hand frames to the handlers until the peer closes ("eof"), vanishes ("gone") or
         breaks the framing ("broken")."""
         dispatch = self.handlers.dispatch
-        polling = self.busy_poll.reader(stream.socket) \
-            if self.busy_poll.enabled and type(stream) is trio.SocketStream else None
+        polling = self.busy_poll.reader(stream) if self.busy_poll.enabled and type(stream) is trio.SocketStream \
+            else None
         while True:
             replies = []
             for payload in frames:
@@ -142,8 +142,9 @@ class ClientServer:
                     await writer.write_last(protocol.encode_frame(protocol.error_reply(None, code,
                                                                                        str(decoder.error))))
                     return "broken"
-                data = polling.read(RECEIVE_BYTES) if polling is not None else None
-                if data is None:
+                if polling is not None:
+                    data = await polling.receive(RECEIVE_BYTES)
+                else:
                     data = await receive_some(stream, RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return "gone"  # the peer is gone (or the writer stopped because it is)

@@ -6,7 +6,10 @@ ended the poll, so a slow machine cannot pass them by timing alone."""
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -22,9 +25,10 @@ LONG_US = 3_000_000   # a window no test waits out: something else must end the 
 
 @pytest.fixture
 def pair():
+    """(our end as a trio SocketStream, the peer's plain socket)."""
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
-    yield ours, theirs
+    yield trio.SocketStream(trio.socket.from_stdlib_socket(ours)), theirs
     ours.close()
     theirs.close()
 
@@ -151,6 +155,32 @@ async def test_a_reader_that_keeps_reading_by_polling_goes_through_trio_every_mi
 
 
 @pytest.mark.trio
+async def test_receive_reads_by_polling_without_a_checkpoint_and_yields_when_its_turn_comes(pair):
+    ours, theirs = pair
+    busy = BusyPoll(LONG_US)
+    reader = busy.reader(ours)
+    theirs.sendall(b"one")
+    with trio.testing.assert_no_checkpoints():
+        assert await reader.receive(1024) == b"one"
+    time.sleep(YIELD_INTERVAL_S * 2)
+    threading.Timer(0.05, theirs.sendall, (b"two",)).start()
+    with trio.testing.assert_checkpoints():
+        assert await reader.receive(1024) == b"two"   # a checkpoint, then a poll that catches it
+    assert busy.statistics().reads == 1
+
+
+@pytest.mark.trio
+async def test_receive_waits_through_trio_when_polling_gives_up(pair):
+    ours, theirs = pair
+    busy = BusyPoll(1_000)
+    reader = busy.reader(ours)
+    threading.Timer(0.1, theirs.sendall, (b"late",)).start()
+    with trio.testing.assert_checkpoints():
+        assert await reader.receive(1024) == b"late"   # the 1 ms poll gave up: trio's wait got it
+    assert busy.statistics().reads == 0
+
+
+@pytest.mark.trio
 async def test_zero_window_never_polls(pair):
     ours, theirs = pair
     busy = BusyPoll(0)
@@ -168,7 +198,13 @@ def test_a_node_reads_a_one_at_a_time_client_by_polling_and_reports_it(node_proc
                 assert producer.send("t", b"m%d" % index).ok
         with SyncAdmin(node.client_address) as admin:
             status = admin.status()["busy_poll"]
+        shown = subprocess.run([sys.executable, "-m", "node.cli", "status", "--bootstrap", node.client_address],
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
         if polled:
             assert status["window_us"] == 10_000 and status["reads"] >= 1 and status["seconds"] > 0
+            shown_reads = re.search(r"busy polling: 10000 us window, (\d+) requests read by polling", shown.stdout)
+            assert shown_reads and int(shown_reads[1]) >= status["reads"]   # its own request may add one
         else:
             assert status == {"window_us": 0, "reads": 0, "seconds": 0}
+            assert "busy polling: off" in shown.stdout
