@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from node.busy_poll import YIELD_INTERVAL_S, BusyPoll
+from node.busy_poll import YIELD_INTERVAL_S, BusyPoll, _LoopView
 from node.sync_client import SyncAdmin, SyncProducer
 
 LONG_US = 3_000_000   # a window no test waits out: something else must end the poll
@@ -208,3 +208,17 @@ def test_a_node_reads_a_one_at_a_time_client_by_polling_and_reports_it(node_proc
         else:
             assert status == {"window_us": 0, "reads": 0, "seconds": 0}
             assert "busy polling: off" in shown.stdout
+
+
+@pytest.mark.trio
+async def test_the_loop_view_reads_what_trio_reports():
+    view = _LoopView.of_current_run()
+    assert view is not None
+    with trio.move_on_after(30):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(trio.sleep, 0)
+            statistics = trio.lowlevel.current_statistics()
+            assert view.runnable() == statistics.tasks_runnable == 3
+            assert abs(view.seconds_to_next_deadline() - statistics.seconds_to_next_deadline) < 0.5
+            assert 25 < view.seconds_to_next_deadline() <= 30
