@@ -1,8 +1,7 @@
 """The CommitLog message codec: RocketMQ v1 byte layout, big-endian. Pure: no I/O.
 
 This module is what the pipeline imports to read store directories, so it depends on
-little: the standard library, numpy (hashing index keys in bulk) and, when installed,
-``isal`` for CRC32 (the same checksum as ``zlib.crc32``, several times faster; ``zlib`` is
+little: the standard library and, when installed, ``isal`` for CRC32 (the same checksum as ``zlib.crc32``, several times faster; ``zlib`` is
 the fallback).
 
 One message (all integers big-endian, as Java's ByteBuffer)::
@@ -43,7 +42,6 @@ import sys
 from dataclasses import dataclass, field
 from operator import mul
 
-import numpy
 
 try:  # ISA-L's CRC32: bit for bit zlib's, about 6x faster on 1 KiB here (0.07 against 0.40 us)
     from isal.isal_zlib import crc32
@@ -163,57 +161,6 @@ def _abs_hash(unsigned: int) -> int:
 def index_key_hash_with_prefix(prefix_hash: int, suffix: str) -> int:
     """IndexFile key hash of prefix + suffix given the prefix's unsigned Java hash."""
     return _abs_hash(combine_hash(prefix_hash, suffix))
-
-
-def index_key_hashes(prefix_hashes: list[int], keys: list[str]) -> list[int]:
-    """``index_key_hash_with_prefix`` of many (prefix hash, key) pairs at once.
-
-    The dispatcher hashes two keys per message (KEYS and UNIQ_KEY); one at a time that is
-    about half of its time. ASCII keys are grouped by length and hashed as one matrix
-    product with numpy (the polynomial fits in 64 bits: 255 terms below 2^40 each);
-    anything else takes the scalar path. Same values as the scalar functions, bit for bit.
-    """
-    if len(keys) < _VECTOR_GROUP_MIN:  # too few for a group: no grouping at all
-        return list(map(index_key_hash_with_prefix, prefix_hashes, keys))
-    result = [0] * len(keys)
-    by_length: dict[int, list[int]] = {}
-    for number, key in enumerate(keys):
-        if key.isascii() and 0 < len(key) <= _VECTOR_KEY_LENGTH_MAX:
-            group = by_length.get(len(key))
-            if group is None:
-                by_length[len(key)] = [number]
-            else:
-                group.append(number)
-        else:
-            result[number] = _abs_hash(combine_hash(prefix_hashes[number], key))
-    for length, numbers in by_length.items():
-        if len(numbers) < _VECTOR_GROUP_MIN:
-            for number in numbers:
-                result[number] = _abs_hash(combine_hash(prefix_hashes[number], keys[number]))
-            continue
-        units = numpy.frombuffer("".join([keys[n] for n in numbers]).encode("ascii"), numpy.uint8)
-        sums = units.reshape(len(numbers), length).astype(numpy.uint64) @ _vector_powers(length)
-        prefixes = numpy.array([prefix_hashes[n] for n in numbers], numpy.uint64)
-        # uint64 arithmetic wraps mod 2^64, which keeps the value mod 2^32 exact
-        hashes = (prefixes * numpy.uint64(_POW31[length]) + sums) & numpy.uint64(0xFFFFFFFF)
-        negative = (hashes & numpy.uint64(0x80000000)) != 0
-        absolute = numpy.where(negative, numpy.uint64(1 << 32) - hashes, hashes)
-        absolute[hashes == numpy.uint64(0x80000000)] = 0
-        for number, value in zip(numbers, absolute.tolist()):
-            result[number] = value
-    return result
-
-
-_VECTOR_KEY_LENGTH_MAX = 255
-_VECTOR_GROUP_MIN = 8
-_VECTOR_POWERS: dict[int, "numpy.ndarray"] = {}
-
-
-def _vector_powers(length: int):
-    powers = _VECTOR_POWERS.get(length)
-    if powers is None:
-        powers = _VECTOR_POWERS[length] = numpy.array(_reversed_powers(length), numpy.uint64)
-    return powers
 
 
 def tags_hash_code(tags: str | None) -> int:

@@ -32,6 +32,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import codec
+from .key_hashes import index_key_hashes
 from .consume_queue import ENTRY as QUEUE_ENTRY
 from .dispatch_layout import HASHED_VALUE_BYTES_MAX, Layout, layout_of
 from .errors import invariant
@@ -118,7 +119,7 @@ class DispatchParser:
         """The batch of the messages at ``positions`` in ``buffer``, one record at a time."""
         runs: list[QueueRun] = []
         pending: dict[tuple[str, int], list] = {}          # queue -> [first queue offset, entries]
-        # key hashes are computed in one call after the walk (codec.index_key_hashes)
+        # key hashes are computed in one call after the walk (key_hashes.index_key_hashes)
         key_prefixes: list[int] = []
         index_keys: list[str] = []
         key_offsets: list[int] = []
@@ -175,7 +176,7 @@ class DispatchParser:
                     key_offsets.append(physical_offset)
                     key_timestamps.append(store_timestamp)
         runs.extend((queue_key, run[0], b"".join(run[1])) for queue_key, run in pending.items())
-        key_hashes = codec.index_key_hashes(key_prefixes, index_keys) if index_keys else []
+        key_hashes = index_key_hashes(key_prefixes, index_keys) if index_keys else []
         return DispatchBatch(len(positions), store_timestamp, runs, key_hashes, key_offsets, key_timestamps)
 
     def parse(self, buffer, positions: list[int]) -> DispatchBatch:

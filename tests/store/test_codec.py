@@ -9,7 +9,7 @@ import zlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from store import codec
+from store import codec, key_hashes
 
 BODY = b"hello, commit log"
 TOPIC = b"TopicTest"
@@ -294,14 +294,14 @@ def test_batched_index_key_hashes_match_the_scalar_hash(pairs):
     # many keys share a length, so the vector path runs; odd ones take the scalar path
     prefixes = [codec.java_hash_unsigned(prefix) for prefix, _ in pairs]
     keys = [key for _, key in pairs]
-    assert codec.index_key_hashes(prefixes, keys) == [codec.index_key_hash(p + k) for p, k in pairs]
+    assert key_hashes.index_key_hashes(prefixes, keys) == [codec.index_key_hash(p + k) for p, k in pairs]
 
 
 def test_batched_index_key_hashes_keep_the_min_value_rule():
     # "polygenelubricants" hashes to Integer.MIN_VALUE; abs() of it is 0 in the index
     prefix, key = "polygene", "lubricants"
     for count in (1, 7, 10):                                  # the loop for a few keys, and numpy
-        hashes = codec.index_key_hashes([codec.java_hash_unsigned(prefix)] * count, [key] * count)
+        hashes = key_hashes.index_key_hashes([codec.java_hash_unsigned(prefix)] * count, [key] * count)
         assert hashes == [0] * count
 
 
@@ -312,7 +312,7 @@ def test_a_few_index_key_hashes_match_the_scalar_hash():
         keys = ["".join(rng.choice("az09#\u00e9\u4e2d\U0001F600") for _ in range(rng.choice([0, 1, 5, 32, 300, 1100])))
                 for _ in range(rng.randrange(1, 8))]
         prefixes = [rng.randrange(1 << 32) for _ in keys]
-        assert codec.index_key_hashes(prefixes, keys) == [codec.index_key_hash_with_prefix(p, k)
+        assert key_hashes.index_key_hashes(prefixes, keys) == [codec.index_key_hash_with_prefix(p, k)
                                                           for p, k in zip(prefixes, keys)]
 
 
