@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import StoreError, invariant
+from .mapped_file import reserve
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,9 @@ class IndexFile:
         self.fd = os.open(path, flags, 0o644)
         try:
             if create:
-                os.ftruncate(self.fd, self.size)  # sparse: a fresh index is mostly holes
+                # reserved, not sparse: a page of a sparse file first touched through the
+                # mapping on a full disk is a SIGBUS; a reservation fails with DiskFullError
+                reserve(self.fd, self.size, path)
             actual = os.fstat(self.fd).st_size
             if actual != self.size:
                 raise StoreError(f"{path}: {actual} bytes, expected {self.size} for {hash_slots} slots and "
@@ -402,12 +405,28 @@ class IndexService:
         self.max_entries = max_entries
         self.files: list[IndexFile] = []
         self.dirty = False
+        self.repairs: list[str] = []   # what ``load`` repaired
 
     def load(self) -> None:
+        """Map every index file. One of the wrong size (a crash while it was created, or
+        damage) is deleted: the index is derived from the log, and ``repairs`` tells the
+        owner that entries may be missing (recovery then rebuilds the index)."""
         os.makedirs(self.directory, exist_ok=True)
+        self.repairs = []
         names = sorted(n for n in os.listdir(self.directory) if parse_index_file_name(n))
-        self.files = [IndexFile(os.path.join(self.directory, n), self.hash_slots, self.max_entries, create=False)
-                      for n in names]
+        expected = index_file_bytes(self.hash_slots, self.max_entries)
+        files = []
+        for name in names:
+            path = os.path.join(self.directory, name)
+            actual = os.path.getsize(path)
+            if actual != expected:
+                log.warning("%s: %d bytes, expected %d; deleted (a crash while it was created, or damage): "
+                            "the index is rebuilt from the commit log", path, actual, expected)
+                os.unlink(path)
+                self.repairs.append(f"deleted index file {path} of {actual} bytes (expected {expected})")
+                continue
+            files.append(IndexFile(path, self.hash_slots, self.max_entries, create=False))
+        self.files = files
 
     def _writable(self, timestamp_ms: int) -> IndexFile:
         if self.files and not self.files[-1].is_full:

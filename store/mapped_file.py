@@ -56,7 +56,7 @@ class MappedFile:
         self.fd = os.open(path, flags, 0o644)
         try:
             if create:
-                _reserve(self.fd, size, path)
+                reserve(self.fd, size, path)
             actual = os.fstat(self.fd).st_size
             if actual != size:
                 raise StoreError(f"{path}: size {actual} bytes, expected {size}; "
@@ -208,7 +208,10 @@ def _read_int(path: str) -> int:
         return int(handle.read())
 
 
-def _reserve(fd: int, size: int, path: str) -> None:
+def reserve(fd: int, size: int, path: str) -> None:
+    """Reserve the first ``size`` bytes of the file on disk (``posix_fallocate``), growing it
+    to ``size``; DiskFullError when the disk has no room. Nothing mapped may touch a page
+    that is not reserved: a write there on a full disk is a SIGBUS, not an error."""
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as error:

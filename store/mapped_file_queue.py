@@ -23,7 +23,7 @@ import os
 import threading
 
 from .errors import StoreError, invariant
-from .mapped_file import MappedFile, file_name, parse_file_name
+from .mapped_file import MappedFile, file_name, parse_file_name, reserve
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,7 @@ class MappedFileQueue:
         self.files: list[MappedFile] = []
         self._preallocator: _Preallocator | None = None
         self._preallocate = preallocate
+        self.repairs: list[str] = []   # what ``load`` repaired, for reports and ``store verify``
 
     # --- loading ------------------------------------------------------------------------
     def load(self) -> None:
@@ -180,10 +181,41 @@ class MappedFileQueue:
         for previous, start in zip(starts, starts[1:]):
             if start != previous + self.file_size:
                 raise StoreError(f"{self.directory}: gap between {file_name(previous)} and {file_name(start)}")
+        if starts and not self._repair_last(os.path.join(self.directory, file_name(starts[-1]))):
+            starts.pop()
         self.files = [MappedFile(os.path.join(self.directory, file_name(s)), s, self.file_size, create=False)
                       for s in starts]
         if self._preallocate:
             self._preallocator = _Preallocator(self)
+
+    def _repair_last(self, path: str) -> bool:
+        """What a crash while the last file was created leaves: False (the file is deleted)
+        when it is short and holds no data (0 bytes, or a reservation cut off before any
+        write), as RocketMQ deletes an empty last file; a short file that holds data is
+        extended to its full size with the space reserved, the tail reading as zeros
+        (unwritten space: recovery's scan ends there). A file of the right size is kept."""
+        actual = os.path.getsize(path)
+        if actual == self.file_size:
+            return True
+        if actual > self.file_size:
+            raise StoreError(f"{path}: {actual} bytes, larger than the file size {self.file_size}; "
+                             "the store was made with other settings (config/storeLayout.json)")
+        if not _holds_data(path, actual):
+            log.warning("%s: %d bytes of %d and no data, left by a crash while it was created; deleted",
+                        path, actual, self.file_size)
+            os.unlink(path)
+            self.repairs.append(f"deleted empty last file {path} ({actual} bytes)")
+            return False
+        log.warning("%s: %d bytes of %d, truncated; extended with zeros (its data stays, the rest "
+                    "reads as unwritten)", path, actual, self.file_size)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            reserve(fd, self.file_size, path)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.repairs.append(f"extended truncated last file {path} from {actual} bytes")
+        return True
 
     def create_file(self, start_offset: int) -> MappedFile:
         invariant(start_offset % self.file_size == 0, f"unaligned file start {start_offset}")
@@ -295,3 +327,15 @@ class MappedFileQueue:
             self._preallocator = None
         for mapped in self.files:
             mapped.close()
+
+
+def _holds_data(path: str, size: int) -> bool:
+    """Whether any of the first ``size`` bytes of ``path`` is not zero (read in chunks)."""
+    chunk = 1 << 20
+    with open(path, "rb") as handle:
+        while True:
+            data = handle.read(chunk)
+            if not data:
+                return False
+            if data.count(0) != len(data):
+                return True
