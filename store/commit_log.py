@@ -127,6 +127,7 @@ class CommitLog:
         self.flushed_offset = 0        # everything below is on disk
         self.queue_offsets: dict[tuple[str, int], int] = {}
         self.last_store_timestamp = 0
+        self.flushed_store_timestamp = 0   # no later than the store time of the last flushed message
         self.put_messages = 0          # written by append (not by replication)
         self.put_bytes = 0
         self._write_lock = threading.Lock()
@@ -314,10 +315,13 @@ class CommitLog:
     # --- flushing ------------------------------------------------------------------------
     def flush(self) -> int:
         """fdatasync everything written; return the new flushed offset."""
+        # read before the end: every message stored at or before this time is below it
+        timestamp = self.last_store_timestamp
         target = self.max_offset
         if target > self.flushed_offset:
             self.segments.flush_range(self.flushed_offset, target)
             self.flushed_offset = target
+            self.flushed_store_timestamp = max(self.flushed_store_timestamp, timestamp)
         return target
 
     # --- reading -------------------------------------------------------------------------

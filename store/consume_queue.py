@@ -7,8 +7,13 @@
        12  8  tags hash code (Java String.hashCode of TAGS, 0 without tags)
 
 Queue offset = entry index; entry i lives at byte i * 20. 300,000 entries per file by
-default (6,000,000 bytes). An all-zero entry (size 0) is a hole: space before a queue's
-first entry, or not yet written. Entries are built by the dispatcher from the CommitLog.
+default (6,000,000 bytes). An all-zero entry (size 0) is not yet written. When a queue's
+first entry lands past the start of its file (replicas and retention start queues past 0),
+the entries before it in that file are RocketMQ's filler (``fillPreBlank``): commit log
+offset 0, size Integer.MAX_VALUE, tags 0, which RocketMQ's ``ConsumeQueue.recover`` steps
+over (it stops at zeros). Readers treat filler as absent, as they do an all-zero hole
+(stores written before filler existed). Entries are built by the dispatcher from the
+CommitLog.
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ ENTRY = struct.Struct(">qiq")
 ENTRY_BYTES = ENTRY.size
 assert ENTRY_BYTES == 20
 _SIZE_AT = 8
+FILLER_SIZE = 2**31 - 1                 # Integer.MAX_VALUE
+FILLER = ENTRY.pack(0, FILLER_SIZE, 0)
+
+
+def is_entry(physical_offset: int, size: int) -> bool:
+    """Whether a stored entry names a message: not a hole (size 0) and not filler."""
+    return 0 < size < FILLER_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +81,7 @@ class ConsumeQueue:
         # leading holes come only before a queue's first entry; entries are contiguous after
         mm = mapped.mm
         for position in range(0, mapped.size, ENTRY_BYTES):
-            if self._size_at(mm, position) > 0:
+            if 0 < self._size_at(mm, position) < FILLER_SIZE:
                 return position
         return mapped.size
 
@@ -106,6 +118,7 @@ class ConsumeQueue:
                     return
         count = len(data) // ENTRY_BYTES
         skip = self.max_offset - first_queue_offset
+        fill_before = None
         if skip > 0:
             if skip >= count:
                 return
@@ -115,6 +128,7 @@ class ConsumeQueue:
             invariant(self.max_offset == self.min_offset,
                       f"consume queue {self.topic}/{self.queue_id}: gap from {self.max_offset} to {first_queue_offset}")
             self.min_offset = first_queue_offset
+            fill_before = first_queue_offset
         offset = first_queue_offset * ENTRY_BYTES
         written = 0
         while written < len(data):
@@ -131,6 +145,9 @@ class ConsumeQueue:
                 else:
                     mapped = self.files.roll(last.end_offset)
             position = offset - mapped.start_offset
+            if fill_before is not None:
+                _fill_pre_blank(mapped, position)
+                fill_before = None
             step = min(len(data) - written, mapped.size - position)
             mapped.mm[position:position + step] = data[written:written + step]
             self.dirty.add(mapped)
@@ -154,7 +171,7 @@ class ConsumeQueue:
         raw = mapped.mm[position:position + count * ENTRY_BYTES]
         result = []
         for index, (physical_offset, size, tags_code) in enumerate(ENTRY.iter_unpack(raw)):
-            if size <= 0:
+            if not 0 < size < FILLER_SIZE:
                 break
             result.append(QueueEntry(queue_offset + index, physical_offset, size, tags_code))
         return result
@@ -207,3 +224,15 @@ class ConsumeQueue:
 
     def close(self) -> None:
         self.files.close()
+
+
+def _fill_pre_blank(mapped, position: int) -> None:
+    """Fill the unwritten entries before ``position`` of ``mapped`` with RocketMQ's filler."""
+    mm = mapped.mm
+    if mm[:position] == bytes(position):   # a fresh file: one copy
+        mm[:position] = FILLER * (position // ENTRY_BYTES)
+        return
+    zero = bytes(ENTRY_BYTES)
+    for at in range(0, position, ENTRY_BYTES):
+        if mm[at:at + ENTRY_BYTES] == zero:
+            mm[at:at + ENTRY_BYTES] = FILLER

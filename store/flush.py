@@ -88,7 +88,7 @@ class FlushService:
         logics_timestamp = self.dispatcher.last_store_timestamp
         flushed = self.commit_log.flushed_offset
         physic_timestamp = self.commit_log.last_store_timestamp if flushed >= self.commit_log.max_offset else \
-            self.checkpoint.state.physic_msg_timestamp
+            max(self.commit_log.flushed_store_timestamp, self.checkpoint.state.physic_msg_timestamp)
         self.dispatcher.queues.flush()
         self.dispatcher.index.flush()
         state = CheckpointState(

@@ -6,7 +6,7 @@
         8  8  endTimestamp       store time of the last entry
        16  8  beginPhyOffset
        24  8  endPhyOffset
-       32  4  hashSlotCount      entries added (as RocketMQ counts it)
+       32  4  hashSlotCount      slots in use: +1 when a key lands in an empty slot (RocketMQ's IndexHeader)
        36  4  indexCount         next entry number; starts at 1, entry 0 is unused
     slots:   hashSlots x 4 bytes, each the newest entry number for keys hashing there
     entries: maxEntries x 20 bytes
@@ -20,7 +20,9 @@ slot's chain newest first and returns candidate offsets; the caller reads each m
 and compares the key, because only hashes are stored.
 
 Write order (so a process killed between any two steps leaves a repairable file): entry,
-then slot, then header, per key in ``put`` and per block of keys in ``put_many``.
+then slot, then the count, then the end fields (endTimestamp, endPhyOffset, hashSlotCount),
+per key in ``put`` and per block of keys in ``put_many``: the header on disk is never more
+than one pass behind its entries, and ``load`` brings a stale one up to them.
 ``rollback`` undoes entries newest first; after an unclean stop, slots pointing past the
 count make recovery rebuild the chains first.
 """
@@ -52,6 +54,10 @@ ENTRY = struct.Struct(">iqii")
 ENTRY_BYTES = ENTRY.size
 assert ENTRY_BYTES == 20
 _COUNT_AT = 36
+_SLOT_COUNT_AT = 32
+_END_AT = 8
+_END_OFFSET_AT = 24
+_END_FIELDS = struct.Struct(">q")
 _COUNT = struct.Struct(">i")
 _INT_MAX = 2**31 - 1
 _SLOT_DTYPE = np.dtype(">i4")
@@ -118,15 +124,31 @@ class IndexFile:
         self._entries_at = HEADER_BYTES + hash_slots * SLOT_BYTES
         self._closed = False
         if not create:
-            self._refresh_end_from_entries()
+            self.refresh_header()
 
-    def _refresh_end_from_entries(self) -> None:
-        """The header's end fields are written lazily; after a kill the entries are the truth."""
+    def refresh_header(self, *, recount_slots: bool = False) -> None:
+        """After a kill the header may be a pass behind; the entries and slots are the truth:
+        endPhyOffset and endTimestamp from the last entry, hashSlotCount from the slot table
+        (``recount_slots``: it reads the whole table). The header is written back when stale."""
         header = self.header
+        before = (header.end_physical_offset, header.end_timestamp, header.hash_slot_count)
         if header.index_count > 1:
             _, last_offset, last_diff, _ = self.entry(header.index_count - 1)
-            header.end_physical_offset = last_offset
-            header.end_timestamp = max(header.end_timestamp, header.begin_timestamp + last_diff * 1000 + 999)
+            if header.end_physical_offset != last_offset:   # a pass the header did not see
+                header.end_physical_offset = last_offset
+                header.end_timestamp = max(header.end_timestamp, header.begin_timestamp + last_diff * 1000)
+        if recount_slots:
+            header.hash_slot_count = self.slots_in_use()
+        if (header.end_physical_offset, header.end_timestamp, header.hash_slot_count) != before:
+            self.write_header()
+
+    def slots_in_use(self) -> int:
+        """Slots holding a valid entry number (what hashSlotCount counts)."""
+        table = np.frombuffer(self.mm, _SLOT_DTYPE, self.hash_slots, HEADER_BYTES)
+        try:
+            return int(np.count_nonzero((table > 0) & (table < self.header.index_count)))
+        finally:
+            del table
 
     # --- writing -------------------------------------------------------------------------
     @property
@@ -150,7 +172,8 @@ class IndexFile:
             time_diff = min(_INT_MAX, max(0, (store_timestamp - header.begin_timestamp) // 1000))
         ENTRY.pack_into(mm, self._entries_at + count * ENTRY_BYTES, key_hash, physical_offset, time_diff, previous)
         SLOT.pack_into(mm, slot_at, count)
-        header.hash_slot_count += 1
+        if previous == 0:
+            header.hash_slot_count += 1
         header.index_count = count + 1
         header.end_physical_offset = physical_offset
         header.end_timestamp = store_timestamp
@@ -161,6 +184,7 @@ class IndexFile:
             self.write_header()
         else:
             struct.pack_into(">i", mm, _COUNT_AT, count + 1)
+            self._write_end_fields()
         return True
 
     def put_many(self, key_hashes: Sequence[int], physical_offsets: Sequence[int], store_timestamps: Sequence[int],
@@ -198,11 +222,13 @@ class IndexFile:
         begin = header.begin_timestamp
         unpack_slot, pack_slot, pack_entry = SLOT.unpack_from, SLOT.pack_into, ENTRY.pack_into
         pack_count = _COUNT.pack_into
+        newly_used = 0
         for key_hash, physical_offset, store_timestamp in zip(key_hashes, physical_offsets, store_timestamps):
             slot_at = HEADER_BYTES + (key_hash % slots) * SLOT_BYTES
             previous = unpack_slot(mm, slot_at)[0]
             if previous <= 0 or previous > count:
                 previous = 0
+                newly_used += 1
             time_diff = (store_timestamp - begin) // 1000
             if time_diff < 0:
                 time_diff = 0
@@ -212,10 +238,11 @@ class IndexFile:
             pack_slot(mm, slot_at, count)
             count += 1
             pack_count(mm, _COUNT_AT, count)
-        header.hash_slot_count += count - header.index_count
+        header.hash_slot_count += newly_used
         header.index_count = count
         header.end_physical_offset = int(physical_offsets[-1])
         header.end_timestamp = int(store_timestamps[-1])
+        self._write_end_fields()
 
     def _put_block(self, key_hashes: np.ndarray, physical_offsets: np.ndarray, store_timestamps: np.ndarray) -> None:
         """Append entries that fit (int64 arrays), as ``put`` would one by one.
@@ -244,6 +271,7 @@ class IndexFile:
             any_shared = bool(shared.any())
             if any_shared:
                 previous[order[1:][shared]] = numbers[order[:-1][shared]]
+            newly_used = int(np.count_nonzero(previous == 0))
             entries["key_hash"] = key_hashes
             entries["physical_offset"] = physical_offsets
             entries["time_diff"] = np.clip((store_timestamps - header.begin_timestamp) // 1000, 0, _INT_MAX)
@@ -256,10 +284,19 @@ class IndexFile:
         finally:
             del table, entries     # release the mapping's buffer: it cannot close while exported
         _COUNT.pack_into(self.mm, _COUNT_AT, count + added)
-        header.hash_slot_count += added
+        header.hash_slot_count += newly_used
         header.index_count = count + added
         header.end_physical_offset = int(physical_offsets[-1])
         header.end_timestamp = int(store_timestamps[-1])
+        self._write_end_fields()
+
+    def _write_end_fields(self) -> None:
+        """endTimestamp, endPhyOffset and hashSlotCount into the mapping, after the count:
+        what a kill leaves on disk is at most one pass behind the entries."""
+        h = self.header
+        _END_FIELDS.pack_into(self.mm, _END_AT, h.end_timestamp)
+        _END_FIELDS.pack_into(self.mm, _END_OFFSET_AT, h.end_physical_offset)
+        _COUNT.pack_into(self.mm, _SLOT_COUNT_AT, h.hash_slot_count)
 
     def write_header(self, *, lowering_count: bool = False) -> None:
         """Write the header fields. The count on disk only grows unless ``lowering_count``:
@@ -332,7 +369,7 @@ class IndexFile:
             number -= 1
         if removed:
             header.index_count = number + 1
-            header.hash_slot_count = max(0, header.hash_slot_count - removed)
+            header.hash_slot_count = self.slots_in_use()
             if number >= 1:
                 _, last_offset, last_diff, _ = self.entry(number)
                 header.end_physical_offset = last_offset
@@ -372,6 +409,8 @@ class IndexFile:
             heads[slot] = number
         for slot, number in heads.items():
             SLOT.pack_into(mm, HEADER_BYTES + slot * SLOT_BYTES, number)
+        self.header.hash_slot_count = len(heads)
+        self.write_header()
 
     # --- lifecycle -----------------------------------------------------------------------
     def flush(self) -> None:
@@ -426,6 +465,8 @@ class IndexService:
                 self.repairs.append(f"deleted index file {path} of {actual} bytes (expected {expected})")
                 continue
             files.append(IndexFile(path, self.hash_slots, self.max_entries, create=False))
+        if files:
+            files[-1].refresh_header(recount_slots=True)   # only the newest can be stale: a roll flushes the one before
         self.files = files
 
     def _writable(self, timestamp_ms: int) -> IndexFile:

@@ -10,11 +10,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from . import codec
-import zlib
-
-from .checkpoint import BODY, COPY_AT, RECORD, CheckpointState
-from .consume_queue import ENTRY as CQ_ENTRY, ENTRY_BYTES as CQ_ENTRY_BYTES
+from . import checkpoint as checkpoint_file, codec
+from .checkpoint import CheckpointState
+from .consume_queue import ENTRY as CQ_ENTRY, ENTRY_BYTES as CQ_ENTRY_BYTES, is_entry
 from .index_file import ENTRY as INDEX_ENTRY, ENTRY_BYTES as INDEX_ENTRY_BYTES, HEADER as INDEX_HEADER, \
     HEADER_BYTES as INDEX_HEADER_BYTES, SLOT, parse_index_file_name
 from .mapped_file import parse_file_name
@@ -85,19 +83,13 @@ def scan_commitlog(root: str, *, decode: bool = True) -> Iterator[LogRecord]:
 
 
 def read_checkpoint(root: str) -> tuple[CheckpointState, bool] | None:
+    """The checkpoint's state and whether a copy checked out (either layout version);
+    None without a checkpoint file."""
     path = os.path.join(root, "checkpoint")
     if not os.path.exists(path):
         return None
-    with open(path, "rb") as handle:
-        raw = handle.read()
-    for at in COPY_AT:
-        if len(raw) >= at + RECORD.size:
-            *values, crc = RECORD.unpack_from(raw, at)
-            if zlib.crc32(raw[at:at + BODY.size]) == crc:
-                return CheckpointState(*values), True
-    if len(raw) >= BODY.size:
-        return CheckpointState(*BODY.unpack_from(raw, 0)[:4]), False
-    return None
+    state, version = checkpoint_file.read_checkpoint(path)
+    return state, version > 0
 
 
 def consume_queue_dirs(root: str) -> list[tuple[str, int, str]]:
@@ -120,7 +112,7 @@ def consume_queue_entries(directory: str) -> Iterator[tuple[int, int, int, int, 
     for start, path in segment_paths(directory):
         raw = _map_read(path)
         for index, (offset, size, tags_code) in enumerate(CQ_ENTRY.iter_unpack(raw[:len(raw) - len(raw) % CQ_ENTRY_BYTES])):
-            if size > 0:
+            if is_entry(offset, size):
                 yield (start // CQ_ENTRY_BYTES + index, offset, size, tags_code, path)
 
 

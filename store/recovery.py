@@ -97,6 +97,7 @@ def recover(commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexServic
     commit_log.queue_offsets = {key: queue.max_offset for key, queue in queues.queues.items()}
     commit_log.last_store_timestamp = max(last_timestamp, state.physic_msg_timestamp, dispatcher.last_store_timestamp)
     commit_log.flushed_offset = min(end, state.flushed_phy_offset) if usable else commit_log.min_offset
+    commit_log.flushed_store_timestamp = state.physic_msg_timestamp if usable else 0
     report = RecoveryReport(
         abnormal=abnormal, checkpoint_valid=bool(usable), scan_start_offset=scan_start, end_offset=end,
         truncated_bytes=truncated, stop_reason=reason, rollback_offset=rollback_to,

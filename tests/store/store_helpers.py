@@ -94,7 +94,7 @@ def read_cq_entries(store_path, topic: str, queue_id: int) -> dict[int, tuple[in
             data = handle.read()
         first = int(name) // CQ_ENTRY.size
         for index, (offset, size, tags_code) in enumerate(CQ_ENTRY.iter_unpack(data)):
-            if size > 0:
+            if 0 < size < 2**31 - 1:   # neither a hole nor RocketMQ's filler
                 entries[first + index] = (offset, size, tags_code)
     return entries
 

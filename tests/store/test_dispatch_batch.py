@@ -197,8 +197,9 @@ def test_index_block_cut_before_its_count_is_repaired(tmp_path):
         service.load()
         service.put_many(*(column[:100] for column in columns))
         service.flush()
+    header_before = cut.files[0].mm[:40]
     cut.files[0]._put_block(*(column[100:] for column in columns))
-    cut.files[0].mm[36:40] = (101).to_bytes(4, "big")      # the count as it was before the block
+    cut.files[0].mm[:40] = header_before      # the count (and the end fields after it) as before the block
     reopened = IndexService(str(tmp_path / "cut"), 7, 1000)
     reopened.load()
     assert reopened.files[0].header.index_count == 101 and not reopened.files[0].slots_consistent()

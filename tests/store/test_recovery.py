@@ -298,14 +298,17 @@ def test_checkpoint_layout_and_second_copy(open_store, tmp_path):
     with open(os.path.join(path, "checkpoint"), "rb") as handle:
         raw = handle.read()
     assert len(raw) == 4096
-    physic_ts, logics_ts, index_ts, confirm, flushed, dispatched = struct.unpack_from(">6q", raw, 0)
+    # RocketMQ 5's fields at 0..40, then hastore's flushed and dispatched offsets, version, CRC
+    physic_ts, logics_ts, index_ts, master_flushed, confirm, flushed, dispatched, version = \
+        struct.unpack_from(">7qi", raw, 0)
     assert physic_ts == logics_ts == index_ts == results[-1].store_timestamp
-    assert flushed == dispatched == results[-1].end_offset
-    assert struct.unpack_from(">I", raw, 48)[0] == zlib.crc32(raw[:48])
-    assert raw[2048:2048 + 52] == raw[:52]
+    assert master_flushed == flushed == dispatched == results[-1].end_offset
+    assert version == 2
+    assert struct.unpack_from(">I", raw, 60)[0] == zlib.crc32(raw[:60])
+    assert raw[2048:2048 + 64] == raw[:64]
     # a torn first copy: the second one is used, and nothing is rescanned
     with open(os.path.join(path, "checkpoint"), "r+b") as handle:
-        handle.seek(33)
+        handle.seek(41)
         handle.write(b"\xff")
     store = open_store(store_path=path)
     assert store.recovery.checkpoint_valid
