@@ -110,3 +110,17 @@ def summary_lines(report: DrillReport) -> list[str]:
                  f"recovered {summary['rounds_recovered']}/{summary['rounds']}: "
                  f"{'OK' if report.ok else 'FAILED'}")
     return lines
+
+
+@click.group("chaos")
+def chaos_group() -> None:
+    """Chaos tests with network fault injection (Toxiproxy)."""
+
+
+def _add_toxiproxy_commands() -> None:
+    from .toxiproxy.cli import toxiproxy_group
+
+    chaos_group.add_command(toxiproxy_group)
+
+
+_add_toxiproxy_commands()
