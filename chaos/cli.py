@@ -10,8 +10,8 @@ import os
 
 import click
 
-from node.cluster_supervisor import ClusterStartError, LocalCluster
-from node.cluster_topology import ClusterError
+from node.cluster.supervisor import ClusterStartError, LocalCluster
+from node.cluster.topology import ClusterError
 
 from .drill import DrillReport, DrillSettings, RoundRecord, run_failover_drill
 from .errors import DrillError

@@ -19,10 +19,10 @@ import click
 import trio
 
 from node.client import OutgoingMessage, open_admin, open_consumer, open_producer
-from node.cluster_supervisor import ClusterStartError, LocalCluster
-from node.cluster_topology import ClusterError, topology_from_mapping
+from node.cluster.supervisor import ClusterStartError, LocalCluster
+from node.cluster.topology import ClusterError, topology_from_mapping
 from node.errors import NodeError
-from replication.cli import render_table
+from node.client.lag import render_table
 
 from .cli import ROUND_HEADER, format_row, round_row, summary_lines
 from .drill import DrillSettings, run_failover_drill

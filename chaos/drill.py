@@ -31,8 +31,8 @@ import trio
 from controller import MasterRecord, layout, znodes
 from controller.errors import ControllerError
 from node.client import open_admin
-from node.cluster_supervisor import LocalCluster
-from node.cluster_topology import ClusterError
+from node.cluster.supervisor import LocalCluster
+from node.cluster.topology import ClusterError
 from node.errors import NodeError
 
 from .checker import SendVerdict, check_sends, percentile

@@ -17,7 +17,7 @@ import trio
 
 from .client import OutgoingMessage, open_admin, open_consumer, open_producer
 from .errors import NodeError
-from .process import NodeProcess
+from .cluster.process import NodeProcess
 
 TOPICS = {"orders": 4, "payments": 2}
 TAGS = ("new", "paid", "shipped")

@@ -67,4 +67,4 @@ class NodeProcessError(NodeError):
 
 
 class ClientClosedError(NodeError):
-    """A call on a blocking client (node/sync_client.py) that is closed or whose thread ended."""
+    """A call on a blocking client (node/client/sync.py) that is closed or whose thread ended."""

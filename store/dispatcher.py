@@ -13,7 +13,7 @@ callback the owner installs (a write calls it, from whatever thread wrote), and 
 answers it with ``dispatch_pass`` until ``lag_bytes`` is 0. ``stop``/``start`` hold and
 release a gate that ``dispatch_pass`` tries without blocking, so a cut or a shutdown that
 stopped the dispatcher never races a pass. The node runs its store this way, in its trio
-loop (node/dispatch_loop.py).
+loop (node/server/dispatch_loop.py).
 
 A pass walks record boundaries here and leaves the rest to ``dispatch_batch``: a few
 records are parsed one by one, a large pass (catching up) with numpy in one go.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.cluster import LocalCluster, topology_from_mapping
+from node.cluster.cli import LocalCluster, topology_from_mapping
 
 SMALL_STORE = {"commitlog_segment_bytes": 1 << 20, "consume_queue_entries_per_file": 4096,
                "index_hash_slots": 1024, "index_max_entries": 8192}

@@ -9,7 +9,7 @@ import sys
 import trio
 
 from node.client import open_admin
-from node.cluster import topology_from_mapping
+from node.cluster.cli import topology_from_mapping
 
 # 1 MiB segments and tiny index files: a node starts in well under a second.
 SMALL_STORE = {"commitlog_segment_bytes": 1 << 20, "consume_queue_entries_per_file": 4096,

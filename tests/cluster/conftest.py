@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from node.cluster import LocalCluster
+from node.cluster.cli import LocalCluster
 
 from cluster_helpers import small_topology
 

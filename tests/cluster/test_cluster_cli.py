@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from node.cluster import LocalCluster
+from node.cluster.cli import LocalCluster
 
 from cluster_helpers import hastore, node_status, process_alive
 

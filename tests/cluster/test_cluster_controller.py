@@ -8,7 +8,7 @@ import json
 import os
 import time
 
-from node.cluster import LocalCluster
+from node.cluster.cli import LocalCluster
 
 from cluster_helpers import hastore, node_status, process_alive
 

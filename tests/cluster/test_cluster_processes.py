@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from node.client import open_admin
-from node.cluster import ClusterError, ClusterStartError, LocalCluster
+from node.cluster.cli import ClusterError, ClusterStartError, LocalCluster
 
 from cluster_helpers import hastore, node_status, process_alive, small_topology
 

@@ -6,10 +6,10 @@ import socket
 
 import pytest
 
-from node.cluster import ClusterConfigError, default_topology, load_topology, topology_from_mapping
-from node.cluster import render_replication
-from node.cluster_topology import ClusterError, LOCAL_STORE_DEFAULTS, NodePorts, assign_ports
-from node.config import config_from_mapping
+from node.cluster.cli import ClusterConfigError, default_topology, load_topology, topology_from_mapping
+from node.cluster.cli import render_replication
+from node.cluster.topology import ClusterError, LOCAL_STORE_DEFAULTS, NodePorts, assign_ports
+from node.server.config import config_from_mapping
 
 
 def test_the_default_topology_is_one_group_of_three_nodes_under_a_controller():
@@ -149,7 +149,7 @@ def test_replication_sections_render_whatever_keys_they_have():
 
 
 def test_the_status_table_shows_down_and_unresponsive_nodes_and_replication():
-    from node.cluster import ProcessSpec, ProcessStatus, render_status
+    from node.cluster.cli import ProcessSpec, ProcessStatus, render_status
 
     def spec(name, role):
         return ProcessSpec(name=name, kind="node", phase=0, argv=("hastore",), config_path="c", log_path="l",

@@ -8,13 +8,13 @@ import trio
 import trio.testing
 
 from node.client import connect_stream
-from node.config import NodeConfig
-from node.handlers import RequestHandlers
-from node.metrics import NodeMetrics
-from node.node import serve_node
-from node.role import Role, RoleMachine
-from node.server import ClientServer
-from node.sys_config import SysConfig
+from node.server.config import NodeConfig
+from node.server.handlers import RequestHandlers
+from node.server.metrics import NodeMetrics
+from node.server.node import serve_node
+from node.server.role import Role, RoleMachine
+from node.server.connections import ClientServer
+from node.server.sys_config import SysConfig
 from store import MessageStore
 
 SMALL_STORE = {"commitlog_segment_bytes": 1 << 24, "index_hash_slots": 1024, "index_max_entries": 8192,
@@ -91,7 +91,7 @@ def node_process(tmp_path):
     """``node_process(name, **settings)`` starts a real ``hastore node start`` process on
     loopback with a small store; every one started is stopped at teardown (SIGTERM, then
     SIGKILL), and a failing test shows its log."""
-    from node.process import NodeProcess
+    from node.cluster.process import NodeProcess
     started = []
 
     def start(name: str = "n1", **settings):

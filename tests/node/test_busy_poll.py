@@ -1,4 +1,4 @@
-"""Busy polling (node/busy_poll.py): a reader polls its socket while the loop has nothing
+"""Busy polling (node/server/busy_poll.py): a reader polls its socket while the loop has nothing
 else to do, and gives the loop back at once when it has: other I/O, runnable tasks, a
 timer, or a millisecond of polling reads without a pass through trio. Real sockets in a
 real trio loop; the windows are long (seconds) where a test shows that something else
@@ -17,8 +17,8 @@ import pytest
 import trio
 import trio.testing
 
-from node.busy_poll import YIELD_INTERVAL_S, BusyPoll, _LoopView
-from node.sync_client import SyncAdmin, SyncProducer
+from node.server.busy_poll import YIELD_INTERVAL_S, BusyPoll, _LoopView
+from node.client import SyncAdmin, SyncProducer
 
 LONG_US = 3_000_000   # a window no test waits out: something else must end the poll
 

@@ -11,7 +11,7 @@ import trio.testing
 
 from node.client import connect_stream
 from node.errors import ConnectionLostError, RequestError, RequestTimeoutError
-from node.protocol import FrameDecoder, RequestCode, encode_frame
+from node.wire.protocol import FrameDecoder, RequestCode, encode_frame
 
 
 class FakeNode:

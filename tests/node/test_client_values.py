@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from node.client import OutgoingMessage, Producer, SendResult, _Batch, new_uniq_key, send_fields
+from node.client import OutgoingMessage, Producer, SendResult, new_uniq_key, send_fields
+from node.client.producer import _Batch
 
 
 def test_wire_maps_hold_what_was_set_and_nothing_else():

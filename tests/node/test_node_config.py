@@ -1,6 +1,6 @@
 import pytest
 
-from node.config import NodeConfig, config_from_mapping, load_config
+from node.server.config import NodeConfig, config_from_mapping, load_config
 from node.errors import NodeConfigError
 
 

@@ -1,4 +1,4 @@
-"""Dispatch in the node's trio loop (node/dispatch_loop.py, StoreConfig ``dispatcher_thread``):
+"""Dispatch in the node's trio loop (node/server/dispatch_loop.py, StoreConfig ``dispatcher_thread``):
 no dispatcher thread, writes from any thread wake the loop, stop/start gate the passes,
 long polls and %SYS%CONFIG replay still work, a slave dispatches replicated bytes, and a
 backlog is dispatched in bounded passes that let other requests through."""
@@ -13,10 +13,10 @@ import trio
 import trio.testing
 
 from node.client import OutgoingMessage, open_admin, open_connection, open_producer
-from node.dispatch_loop import serve_dispatch
-from node.node import serve_node
-from node.protocol import RequestCode
-from node.role import Role
+from node.server.dispatch_loop import serve_dispatch
+from node.server.node import serve_node
+from node.wire.protocol import RequestCode
+from node.server.role import Role
 from store import Message, MessageStore, StoreConfig
 
 from conftest import SMALL_STORE, small_config

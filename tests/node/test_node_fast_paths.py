@@ -12,8 +12,8 @@ import trio.testing
 
 from node.client import OutgoingMessage, open_producer
 from node.errors import RequestError, UnknownOutcomeError
-from node.protocol import FrameDecoder, RequestCode
-from node.server import ReplyWriter
+from node.wire.protocol import FrameDecoder, RequestCode
+from node.server.connections import ReplyWriter
 
 
 class GatedStream(trio.abc.SendStream):
@@ -245,7 +245,7 @@ async def test_late_replies_time_out_exactly_per_timeout_and_answered_ones_never
     # a fake node that answers only odd opaques, and those only after 3 s
     from node.client import connect_stream
     from node.errors import ConnectionLostError, RequestTimeoutError
-    from node.protocol import encode_frame
+    from node.wire.protocol import encode_frame
     client_end, server_end = trio.testing.memory_stream_pair()
 
     async def fake_node():

@@ -9,10 +9,10 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node import protocol
+from node.wire import protocol
 from node.client import open_admin
-from node.node import serve_node
-from node.protocol import FrameDecoder, ResponseCode
+from node.server.node import serve_node
+from node.wire.protocol import FrameDecoder, ResponseCode
 
 from conftest import small_config
 

@@ -4,7 +4,7 @@ import pytest
 import trio
 import trio.testing
 
-from node.protocol import RequestCode
+from node.wire.protocol import RequestCode
 
 
 @pytest.mark.trio

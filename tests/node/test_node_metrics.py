@@ -4,7 +4,7 @@ names a prometheus_client counter and histogram would give them."""
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import generate_latest
 
-from node.metrics import PUT_LATENCY_BUCKETS_S, NodeMetrics
+from node.server.metrics import PUT_LATENCY_BUCKETS_S, NodeMetrics
 
 
 def _samples(text: bytes, prefix: bytes) -> list[bytes]:

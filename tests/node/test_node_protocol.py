@@ -5,10 +5,10 @@ import pytest
 import trio
 from hypothesis import given, settings, strategies as st
 
-from node import protocol
+from node.wire import protocol
 from node.errors import FrameError, NotMasterError, RequestError
-from node.protocol import FrameDecoder, RequestCode, ResponseCode
-from node.role import Role
+from node.wire.protocol import FrameDecoder, RequestCode, ResponseCode
+from node.server.role import Role
 
 
 def test_frames_split_anywhere_decode_the_same():

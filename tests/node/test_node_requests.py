@@ -7,8 +7,8 @@ import trio
 
 from node.client import OutgoingMessage, open_admin, open_consumer, open_producer
 from node.errors import AuthError, ConnectionLostError, NotMasterError, RequestError
-from node.node import serve_node
-from node.role import Role
+from node.server.node import serve_node
+from node.server.role import Role
 
 from conftest import small_config
 

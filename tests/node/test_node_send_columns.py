@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from node.errors import RequestError
-from node.protocol import BATCH_COUNT_MAX, BODY_BYTES_MAX, RequestCode
+from node.wire.protocol import BATCH_COUNT_MAX, BODY_BYTES_MAX, RequestCode
 
 
 def _plain(count: int, tag: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The blocking client wrappers (node/sync_client.py) against a node in its own process."""
+"""The blocking client wrappers (node/client/sync.py) against a node in its own process."""
 
 import os
 import signal
@@ -9,8 +9,8 @@ import trio
 
 from node.client import OutgoingMessage
 from node.errors import ClientClosedError, ConnectionLostError, RequestError, RequestTimeoutError
-from node.process import free_port
-from node.sync_client import SyncAdmin, SyncConsumer, SyncProducer
+from node.cluster.process import free_port
+from node.client import SyncAdmin, SyncConsumer, SyncProducer
 
 
 def test_produce_consume_commit_and_query(node_process):

@@ -5,7 +5,7 @@ when the disk does not confirm them within ``sync_flush_timeout_ms``."""
 import time
 
 from node.client import OutgoingMessage
-from node.sync_client import SyncAdmin, SyncProducer
+from node.client import SyncAdmin, SyncProducer
 
 
 def _send_then_flushed(address: str, messages: list[OutgoingMessage]) -> tuple[list, int]:

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from node.client import OutgoingMessage, open_admin, open_producer
-from node.process import NodeProcess, free_port
+from node.cluster.process import NodeProcess, free_port
 
 from replication_helpers import SMALL_STORE
 

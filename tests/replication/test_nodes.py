@@ -9,11 +9,11 @@ import trio
 from click.testing import CliRunner
 
 from node.client import OutgoingMessage, open_admin, open_producer
-from node.config import NodeConfig
+from node.server.config import NodeConfig
 from node.errors import NotMasterError
-from node.node import serve_node
-from node.role import Role
-from replication.cli import lag_command
+from node.server.node import serve_node
+from node.server.role import Role
+from node.client.lag import lag_command
 
 from replication_helpers import SMALL_STORE, log_bytes, same_answers, wait_until
 

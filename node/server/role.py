@@ -2,7 +2,7 @@
 
     SLAVE --change(MASTER, epoch)--> MASTER --change(SLAVE, epoch)--> SLAVE
 
-``RoleMachine`` holds the state; ``Node.change_role`` (node/ha_roles.py) is the one entry
+``RoleMachine`` holds the state; ``Node.change_role`` (node/server/ha_roles.py) is the one entry
 point that moves a node between roles, doing the replication side of the change and then
 calling ``RoleMachine.change``. Epochs never go backwards: a change naming an older epoch
 is refused, so a stale instruction cannot demote a newer master. A fence (the controller
@@ -19,7 +19,7 @@ import enum
 import time
 from dataclasses import dataclass
 
-from .errors import NodeError, NotMasterError, RequestError
+from ..errors import NodeError, NotMasterError, RequestError
 
 
 class Role(enum.Enum):

@@ -22,7 +22,7 @@ import time
 
 import yaml
 
-from .errors import NodeProcessError
+from ..errors import NodeProcessError
 
 READY_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30

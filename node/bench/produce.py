@@ -2,7 +2,7 @@
 (``hastore node start``, async flush, 1 KiB messages) driven over loopback by the client
 library in this process, measured against a floor taken in the same run: a bare trio
 frame echo server, also in its own process, answering frames of the same sizes as a
-single send's request and reply (node/echo.py). Single sends and echo round trips
+single send's request and reply (node/bench/echo.py). Single sends and echo round trips
 alternate in blocks (``LATENCY_BLOCK``), so the ratio of their medians compares the two
 under the same conditions.
 
@@ -27,13 +27,13 @@ import time
 import click
 import trio
 
-from . import protocol
-from .client import OutgoingMessage, open_connection, open_producer
-from .config import NodeConfig
+from ..wire import protocol
+from ..client import OutgoingMessage, open_connection, open_producer
+from ..server.config import NodeConfig
 from .echo import LENGTH, echo_request
-from .errors import NodeError, NodeProcessError
-from .process import NodeProcess, read_ready_line, stop_process
-from .protocol import RequestCode
+from ..errors import NodeError, NodeProcessError
+from ..cluster.process import NodeProcess, read_ready_line, stop_process
+from ..wire.protocol import RequestCode
 
 BODY = b"b" * 1024
 TOPIC = "bench"
@@ -157,7 +157,7 @@ class _EchoProcess:
     """``python -m node.echo`` as a subprocess; stopped on exit."""
 
     def __enter__(self) -> "_EchoProcess":
-        self.process = subprocess.Popen([sys.executable, "-m", "node.echo"], stdout=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "node.bench.echo"], stdout=subprocess.PIPE,
                                         stdin=subprocess.DEVNULL)
         try:
             self.port = read_ready_line(self.process, 30)["port"]

@@ -25,14 +25,14 @@ import trio
 from store import MessageStore
 
 from .busy_poll import BusyPoll
-from .config import NodeConfig, split_address
+from .config import NodeConfig
 from .controller_mode import agent_settings, serve_controller_agent
 from .dispatch_loop import LoopCaller, idle_pass, serve_dispatch
 from .ha_roles import HaRuntime
 from .handlers import RequestHandlers
 from .metrics import NodeMetrics, open_listeners, serve_metrics
 from .role import Role, RoleMachine
-from .server import ClientServer, serve_clients
+from .connections import ClientServer, serve_clients
 from .sys_config import SysConfig
 
 log = logging.getLogger(__name__)

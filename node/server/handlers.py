@@ -26,11 +26,11 @@ from store import GetStatus, Message, MessageStore, PutResult, PutStatus
 from store.codec import StoredMessage
 from store.errors import MessageNotFound, StoreClosedError, StoreCorruptError, StoreError
 
-from . import protocol
+from ..wire import protocol
 from .config import NodeConfig
-from .errors import NotMasterError, RequestError
+from ..errors import NotMasterError, RequestError
 from .metrics import NodeMetrics
-from .protocol import Fields, RequestCode, ResponseCode
+from ..wire.protocol import Fields, RequestCode
 from .role import RoleMachine
 from .sys_config import SysConfig
 
@@ -103,7 +103,7 @@ class RequestHandlers:
         self._errors = 0
         self._tally = metrics.tally
         self._sync_flush = config.flush == "sync"
-        # the node's replication runtime (node/ha_roles.py); None: no replication (bare handlers)
+        # the node's replication runtime (node/server/ha_roles.py); None: no replication (bare handlers)
         self.replicas = None
         # by the code's int value (not RequestCode(code)): an enum lookup by value costs
         # more than a dict lookup on every request

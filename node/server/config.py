@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from store import StoreConfig
+from store.config import StoreConfig
 from store.errors import StoreConfigError
 
-from .errors import NodeConfigError
+from ..errors import NodeConfigError
+from ..wire.address import address_problem
 
 # StoreConfig fields the node sets itself from its own keys.
 _STORE_FIELDS_OWNED_BY_NODE = ("store_path", "flush", "store_host")
@@ -74,7 +75,7 @@ class NodeConfig:
     long_polling_timeout_ms_max: int = 30_000  # a client may ask for less, never more
     auth_timeout_ms: int = 5_000
     # After a request, a connection's reader polls its socket this long before the loop
-    # sleeps in epoll, while nothing else needs the loop (node/busy_poll.py); 0: never.
+    # sleeps in epoll, while nothing else needs the loop (node/server/busy_poll.py); 0: never.
     busy_poll_us: int = 200
     auto_create_topics: bool = True
     default_queue_count: int = 4
@@ -90,7 +91,7 @@ class NodeConfig:
     ha_connection_timeout_ms: int = 10_000     # silence on an HA connection for this long: drop it
     ha_chunk_bytes_max: int = 4 * 1024 * 1024  # bytes per streamed frame
     ha_reconnect_backoff_max_ms: int = 5_000
-    # Controller mode (see node/controller_mode.py): set zk_hosts to take the role from ZooKeeper.
+    # Controller mode (see node/server/controller_mode.py): set zk_hosts to take the role from ZooKeeper.
     zk_hosts: str | None = None
     priority: int = 0
     zk_session_timeout_ms: int = 6_000
@@ -156,22 +157,6 @@ class NodeConfig:
 
     def replace(self, **changes) -> "NodeConfig":
         return dataclasses.replace(self, **changes)
-
-
-def address_problem(address: object) -> str | None:
-    """Why ``address`` is not 'host:port', or None."""
-    if not isinstance(address, str):
-        return f"must be a 'host:port' string, not {type(address).__name__}"
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        return f"must be 'host:port' with a port in [0, 65535], not {address!r}"
-    return None
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """'host:port' -> (host, port)."""
-    host, _, port = address.rpartition(":")
-    return host, int(port)
 
 
 def _check_type(name: str, value: object, annotation: str) -> None:

@@ -23,8 +23,8 @@ import click
 from controller.cli import cluster_status as controller_cluster_status
 from controller.errors import ControllerError
 
-from .cluster_supervisor import ClusterStartError, LocalCluster, ProcessSpec, ProcessStatus, StopReport
-from .cluster_topology import (ClusterConfigError, ClusterError, ClusterTopology, default_topology,
+from .supervisor import ClusterStartError, LocalCluster, ProcessSpec, ProcessStatus, StopReport
+from .topology import (ClusterConfigError, ClusterError, ClusterTopology, default_topology,
                                load_topology, topology_from_mapping)
 
 __all__ = ["LocalCluster", "ProcessSpec", "ProcessStatus", "StopReport", "ClusterTopology", "ClusterError",

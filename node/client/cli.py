@@ -19,9 +19,9 @@ import trio
 
 from store.errors import exception_leaves
 
-from .client import OutgoingMessage, open_admin, open_consumer, open_producer
-from .config import load_config
-from .errors import NodeConfigError, NodeError, UnknownOutcomeError
+from . import OutgoingMessage, open_admin, open_consumer, open_producer
+from ..errors import NodeError, UnknownOutcomeError
+
 
 def bootstrap_option(command):
     """``--bootstrap HOST:PORT``, or ``--zk HOSTS`` to ask ZooKeeper for the group's master."""
@@ -72,34 +72,6 @@ def _run(async_fn, *args):
 
 def _progress(text: str) -> None:
     click.echo(f"\r{text}", nl=False, err=True)
-
-
-# --- node ----------------------------------------------------------------------------------
-@click.group("node")
-def node_group() -> None:
-    """Run a hastore node."""
-
-
-@node_group.command("start")
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="YAML config (node_id, store_path, client_address, role, flush, ...).")
-def node_start(config_path: str) -> None:
-    """Run a node in the foreground until SIGTERM or SIGINT (then it shuts down cleanly).
-
-    Once serving it prints one JSON line on stdout: {"ready": true, "client_address": ...}.
-    """
-    from .node import run_node_until_signalled
-    try:
-        config = load_config(config_path)
-    except NodeConfigError as error:
-        raise click.ClickException(f"bad config {config_path}: {error}") from None
-
-    def ready(node) -> None:
-        click.echo(json.dumps({"ready": True, "node_id": config.node_id, "client_address": node.client_address,
-                               "metrics_address": node.metrics_address, "role": node.role.state.role.value}))
-        sys.stdout.flush()
-
-    trio.run(run_node_until_signalled, config, ready)
 
 
 # --- produce -------------------------------------------------------------------------------

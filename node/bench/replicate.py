@@ -60,7 +60,7 @@ def _fill_store(path: str, total_bytes: int) -> int:
 
 
 def _start_group(directory: str, slaves: int, **settings):
-    from node.process import NodeProcess, free_port
+    from ..cluster.process import NodeProcess, free_port
     master_ha = free_port()
     nodes = [NodeProcess.start(os.path.join(directory, "m"),
                                {**NODE_SETTINGS, "node_id": "m", "ha_address": f"127.0.0.1:{master_ha}", **settings})]
@@ -78,7 +78,7 @@ def _start_group(directory: str, slaves: int, **settings):
 
 
 async def _status(address: str) -> dict:
-    from node.client import open_admin
+    from ..client import open_admin
     async with open_admin(address) as admin:
         return await admin.status()
 
@@ -90,7 +90,7 @@ async def _wait_in_sync(master_address: str, members: int) -> None:
 
 
 async def _catch_up(directory: str, total_bytes: int) -> dict:
-    from node.process import NodeProcess, free_port
+    from ..cluster.process import NodeProcess, free_port
     master_dir = os.path.join(directory, "m")
     started = time.perf_counter()
     filled = await trio.to_thread.run_sync(_fill_store, os.path.join(master_dir, "store"), total_bytes)
@@ -140,7 +140,7 @@ def _disk_write_floor(directory: str, total_bytes: int) -> float:
 
 
 async def _produce(address: str, seconds: float) -> dict:
-    from node.client import OutgoingMessage, open_producer
+    from ..client import OutgoingMessage, open_producer
     sent = failed = 0
     async with open_producer(address, batch_count_max=64, in_flight_max=8) as producer:
         deadline = time.perf_counter() + seconds
@@ -163,7 +163,7 @@ async def _produce(address: str, seconds: float) -> dict:
 
 
 async def _single(address: str, samples: int) -> dict:
-    from node.client import OutgoingMessage, open_producer
+    from ..client import OutgoingMessage, open_producer
     times = []
     async with open_producer(address, batch_count_max=1, linger_ms=0) as producer:
         with trio.fail_after(PHASE_DEADLINE_S):

@@ -13,7 +13,7 @@ Consumer) lives there, opened and closed by one holder task, and every call reac
 through ``trio.from_thread``. Every call is bounded by ``timeout_ms``: past it the call
 raises RequestTimeoutError (its outcome is unknown). Errors are the trio client's own
 (node/errors.py). If the connection fails in the background (a consumer's pulls), every
-later call raises that error. Not for use from inside a trio run: use node/client.py there.
+later call raises that error. Not for use from inside a trio run: use node/client/ there.
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ import trio
 
 from store.errors import exception_leaves
 
-from .client import (REQUEST_TIMEOUT_MS, OutgoingMessage, ReceivedMessage, SendResult, open_admin, open_consumer,
-                     open_producer)
-from .errors import ClientClosedError, NodeError, RequestTimeoutError
+from ..errors import ClientClosedError, NodeError, RequestTimeoutError
+from .admin import open_admin
+from .connection import REQUEST_TIMEOUT_MS
+from .consumer import open_consumer
+from .producer import open_producer
+from .values import OutgoingMessage, ReceivedMessage, SendResult
 
 START_TIMEOUT_MS = 30_000
 CLOSE_TIMEOUT_MS = 30_000
@@ -146,7 +149,7 @@ class _TrioThread:
             trio.lowlevel.current_trio_token()
         except RuntimeError:
             return
-        raise RuntimeError(f"{self._name} blocks: inside a trio run use the async client (node/client.py)")
+        raise RuntimeError(f"{self._name} blocks: inside a trio run use the async client (node/client/)")
 
     def close(self) -> None:
         """Close the held client and end the thread (bounded); re-raises a close failure."""

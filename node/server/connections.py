@@ -17,22 +17,22 @@ socket for up to ``busy_poll_us`` while nothing else needs the loop (busy_poll.p
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import os
+import hmac
 from dataclasses import dataclass
 
 import trio
 
-from . import protocol
+from ..wire import protocol
+from ..wire.auth import auth_digest
 from .busy_poll import BusyPoll
 from .config import NodeConfig
-from .errors import FrameError
+from ..errors import FrameError
 from .handlers import RequestHandlers
 from .metrics import NodeMetrics
-from .protocol import FrameDecoder, RequestCode, ResponseCode
-from .socket_io import receive_some, write_now
+from ..wire.protocol import FrameDecoder, RequestCode, ResponseCode
+from ..wire.socket_io import receive_some, write_now
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,6 @@ class ServerStatistics:
     auth_failures: int
     busy_poll_reads: int       # requests read by busy polling (busy_poll.py)
     busy_poll_seconds: float   # time spent polling
-
-
-def auth_digest(secret: str, nonce: bytes) -> bytes:
-    """HMAC-SHA256(secret, nonce): what a client answers the challenge with."""
-    return hmac.new(secret.encode("utf-8"), nonce, hashlib.sha256).digest()
 
 
 class ClientServer:

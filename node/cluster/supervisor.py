@@ -57,11 +57,12 @@ import yaml
 from controller import MasterRecord, ZooKeeperServer, layout, znodes
 from controller.errors import ControllerError, NoMasterError, ZooKeeperServerError
 
-from .client import open_admin
-from .cluster_topology import (ClusterError, ClusterTopology, NodePorts, assign_ports, default_topology, free_ports,
+from ..client import open_admin
+from .topology import (ClusterError, ClusterTopology, NodePorts, assign_ports, default_topology, free_ports,
                                port_is_free, topology_from_mapping)
-from .config import load_config, split_address
-from .errors import NodeConfigError, NodeError
+from ..server.config import load_config
+from ..wire.address import split_address
+from ..errors import NodeConfigError, NodeError
 
 STATE_FILE = "cluster.json"
 LOCK_FILE = "cluster.lock"

@@ -27,7 +27,7 @@ import msgpack
 from store import Message, MessageStore, PutStatus
 from store.config_files import write_atomically
 
-from .errors import RequestError
+from ..errors import RequestError
 
 log = logging.getLogger(__name__)
 

@@ -62,8 +62,8 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-from .config import config_from_mapping, read_yaml
-from .errors import NodeConfigError, NodeError
+from ..server.config import config_from_mapping, read_yaml
+from ..errors import NodeConfigError, NodeError
 
 # A local demo should not reserve GiBs: 64 MiB segments, no next-segment preallocation,
 # smaller consume queue files (1.2 MB) and sparse index files of ~8 MB. Retention by disk

@@ -28,7 +28,7 @@ import msgpack
 
 from store import codec
 
-from .errors import FrameError, RequestError
+from ..errors import FrameError, RequestError
 
 FRAME_BYTES_MAX = 16 * 1024 * 1024
 BODY_BYTES_MAX = codec.MAX_BODY_BYTES

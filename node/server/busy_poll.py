@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import trio
 
-from .socket_io import read_now, receive_some
+from ..wire.socket_io import read_now, receive_some
 
 log = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ def render_table(status: dict, master_status: dict | None) -> list[str]:
 
 
 async def _fetch(bootstrap: str, secret: str | None) -> tuple[dict, dict | None]:
-    from node.client import open_admin
+    from ..client import open_admin
     async with open_admin(bootstrap, secret=secret) as admin:
         status = await admin.status()
     master_status = None
@@ -87,7 +87,7 @@ async def _fetch(bootstrap: str, secret: str | None) -> tuple[dict, dict | None]
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 def lag_command(bootstrap, secret, watch, interval_ms, iterations, as_json) -> None:
     """Per-slave replication lag: ack offset, lag in bytes and in time, in-sync flag, rate."""
-    from node.errors import NodeError
+    from ..errors import NodeError
 
     async def main() -> None:
         drawn_lines = 0
