@@ -25,12 +25,22 @@ One message (all integers big-endian, as Java's ByteBuffer)::
        .    1  TOPIC LENGTH       then TOPIC (<= 127 bytes)
        .    2  PROPERTIES LENGTH  then PROPERTIES (key \\x01 value \\x02 ...)
 
-hastore adds one property to every message it writes, ``HCRC``: eight hex digits of the
-CRC32 of the whole message except the body (already covered by BODYCRC) and the digits
-themselves. v1's BODYCRC leaves every header field unprotected; with HCRC a flipped bit
-anywhere in a message is caught by recovery and by reads. Messages without HCRC (written
-by other RocketMQ-format tools) are accepted with the body check alone only when the
-reader passes ``require_hcrc=False``; the store itself always requires HCRC.
+Every message hastore writes ends with RocketMQ 5's whole-message CRC property, the last
+20 bytes of the record, as RocketMQ writes it under ``enabledAppendPropCRC``
+(``MessageDecoder.createCrc32``) and checks it under ``forceVerifyPropCRC``::
+
+    "__CRC32#" \x01 d0 d1 ... d9 \x02      d0..d9: decimal digits, least significant first
+
+The value is ``UtilAll.crc32`` (CRC32 with the sign bit cleared) of the record's first
+TOTALSIZE - 20 bytes: every header field, the body, the topic and the properties before
+it. v1's BODYCRC leaves every header field unprotected; with this CRC a flipped bit
+anywhere in a message is caught by recovery and by reads.
+
+Stores written before carry hastore's older property ``HCRC`` instead (eight hex digits,
+the last 14 bytes: CRC32 of the record except the body and the digits); such records
+still read and verify. Messages with neither (written by other RocketMQ-format tools) are
+accepted with the body check alone only when the reader passes ``require_hcrc=False``;
+the store itself always requires one of the two.
 """
 
 from __future__ import annotations
@@ -73,14 +83,27 @@ PROPERTY_SEPARATOR = "\x02"
 PROPERTY_KEYS = "KEYS"
 PROPERTY_TAGS = "TAGS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
-PROPERTY_HCRC = "HCRC"
+PROPERTY_CRC32 = "__CRC32#"             # RocketMQ's MessageConst.PROPERTY_CRC32
+PROPERTY_HCRC = "HCRC"                  # hastore's older whole-message CRC (read, never written)
 KEY_SEPARATOR = " "
+# property names only the store writes: a put that sets one is refused
+STORE_PROPERTY_NAMES = frozenset((PROPERTY_CRC32, PROPERTY_HCRC))
 
-# "HCRC\x01" + 8 hex digits + "\x02": the last HCRC_VALUE_BYTES of a message are the
-# digits and the closing separator, outside the CRC they hold.
-HCRC_PREFIX = b"HCRC\x01"
-HCRC_VALUE_BYTES = 9
-HCRC_PROPERTY_BYTES = len(HCRC_PREFIX) + HCRC_VALUE_BYTES
+# "__CRC32#\x01" + 10 digits + "\x02" (RocketMQ's CRC32_RESERVED_LEN, 20 bytes): the last
+# SEAL_VALUE_BYTES of a record are the digits and the closing separator.
+SEAL_PREFIX = b"__CRC32#\x01"
+SEAL_VALUE_BYTES = 11
+SEAL_PROPERTY_BYTES = len(SEAL_PREFIX) + SEAL_VALUE_BYTES
+assert SEAL_PROPERTY_BYTES == 20
+# The writers (commit_log, put_batch, message_store) know the seal by these older names:
+# they now describe the __CRC32# property.
+HCRC_PREFIX = SEAL_PREFIX
+HCRC_VALUE_BYTES = SEAL_VALUE_BYTES
+HCRC_PROPERTY_BYTES = SEAL_PROPERTY_BYTES
+# hastore's older property, still read: "HCRC\x01" + 8 hex digits + "\x02"
+LEGACY_HCRC_PREFIX = b"HCRC\x01"
+LEGACY_HCRC_VALUE_BYTES = 9
+LEGACY_HCRC_PROPERTY_BYTES = len(LEGACY_HCRC_PREFIX) + LEGACY_HCRC_VALUE_BYTES
 
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9_%-]+$")
 
@@ -244,16 +267,27 @@ def encode_topic(topic: str) -> bytes:
 
 
 def encode_tail(encoded_topic: bytes, properties_bytes: bytes) -> bytes:
-    """A record's bytes after the body, up to the HCRC digits: TOPICLEN TOPIC (``encoded_topic``,
-    see :func:`encode_topic`) PROPLEN PROPERTIES "HCRC\x01". None of it depends on where
+    """A record's bytes after the body, up to the CRC digits: TOPICLEN TOPIC (``encoded_topic``,
+    see :func:`encode_topic`) PROPLEN PROPERTIES "__CRC32#\x01". None of it depends on where
     the record lands, so a writer builds it before taking the write lock."""
     return b"%s%s%s" % (encoded_topic, (len(properties_bytes) + HCRC_PROPERTY_BYTES).to_bytes(2, "big"),
                         properties_bytes) + HCRC_PREFIX
 
 
-def seal(header: bytes, tail: bytes, _crc=crc32) -> bytes:
-    """The HCRC digits and closing separator: CRC32 of the header and the tail, in hex."""
-    return b"%08x\x02" % _crc(tail, _crc(header))
+_SEAL_PREFIX_BYTES = len(SEAL_PREFIX)
+
+
+def seal(header: bytes, body: bytes, tail: bytes, _crc=crc32, _view=memoryview) -> bytes:
+    """The __CRC32# digits and closing separator for a record of ``header``, ``body`` and
+    ``tail`` (which ends with "__CRC32#\x01"): the CRC of the record's first TOTALSIZE - 20
+    bytes, so of everything but that property."""
+    return seal_value(_crc(_view(tail)[:-_SEAL_PREFIX_BYTES], _crc(body, _crc(header))))
+
+
+def seal_value(crc: int) -> bytes:
+    """The 11 bytes after "__CRC32#\x01" for a CRC32 (``crc32``'s unsigned value): the sign
+    bit cleared (``UtilAll.crc32``), ten decimal digits least significant first, ``\x02``."""
+    return (b"%010d" % (crc & 0x7FFFFFFF))[::-1] + b"\x02"
 
 
 def encode_message_pieces(topic_bytes, queue_id, body, body_crc, properties_bytes, flag, queue_offset,
@@ -262,11 +296,11 @@ def encode_message_pieces(topic_bytes, queue_id, body, body_crc, properties_byte
     """Positional form of :func:`encode_message`."""
     tail = encode_tail(b"%c%s" % (len(topic_bytes), topic_bytes), properties_bytes)
     header = _pack(
-        HEADER.size + len(body) + len(tail) + HCRC_VALUE_BYTES, MESSAGE_MAGIC, body_crc,
+        HEADER.size + len(body) + len(tail) + SEAL_VALUE_BYTES, MESSAGE_MAGIC, body_crc,
         queue_id, flag, queue_offset, physical_offset, sys_flag, born_timestamp, born_host,
         store_timestamp, store_host, reconsume_times, prepared_transaction_offset, len(body),
     )
-    return header, body, tail, seal(header, tail)
+    return header, body, tail, seal(header, body, tail)
 
 
 def encode_message(
@@ -287,10 +321,10 @@ def encode_message(
     reconsume_times: int = 0,
     prepared_transaction_offset: int = 0,
 ) -> list[bytes]:
-    """One message as a list of byte pieces (header, body, tail, HCRC digits).
+    """One message as a list of byte pieces (header, body, tail, CRC digits).
 
-    ``properties_bytes`` holds the caller's properties without HCRC; the HCRC property is
-    appended here. The pieces are returned unjoined so a batch writer can join a whole
+    ``properties_bytes`` holds the caller's properties without the CRC; the __CRC32#
+    property is appended here. The pieces are returned unjoined so a batch writer can join a whole
     batch at once.
     """
     return list(encode_message_pieces(
@@ -300,7 +334,7 @@ def encode_message(
 
 def message_size(topic_bytes: bytes, body: bytes, properties_bytes: bytes) -> int:
     """TOTALSIZE of a message as :func:`encode_message` writes it."""
-    return FIXED_SIZE + len(body) + len(topic_bytes) + len(properties_bytes) + HCRC_PROPERTY_BYTES
+    return FIXED_SIZE + len(body) + len(topic_bytes) + len(properties_bytes) + SEAL_PROPERTY_BYTES
 
 
 def encode_blank(size: int) -> bytes:
@@ -352,8 +386,8 @@ class StoredMessage:
 
     @property
     def user_properties(self) -> dict[str, str]:
-        """Properties without the store's own HCRC."""
-        return {k: v for k, v in self.properties.items() if k != PROPERTY_HCRC}
+        """Properties without the store's own whole-message CRC (__CRC32#, or HCRC)."""
+        return {k: v for k, v in self.properties.items() if k not in STORE_PROPERTY_NAMES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,10 +403,11 @@ def check_record(buffer, position: int, limit: int, *, check_crc: bool = True,
     """Validate the record at ``position`` (not past ``limit``); raise CorruptMessage.
 
     Checks the magic, that every length field adds up to TOTALSIZE, the body CRC and the
-    HCRC property. A zero TOTALSIZE (unwritten space) is reported as CorruptMessage too;
-    callers that scan treat it as the end of the log. A message without HCRC is corrupt
-    unless ``require_hcrc`` is False (readers of other RocketMQ tools' logs): otherwise a
-    flipped byte in the "HCRC" name would silently turn the header check off.
+    whole-message CRC (__CRC32#, or the older HCRC). A zero TOTALSIZE (unwritten space) is
+    reported as CorruptMessage too; callers that scan treat it as the end of the log. A
+    message with neither is corrupt unless ``require_hcrc`` is False (readers of other
+    RocketMQ tools' logs): otherwise a flipped byte in the property's name would silently
+    turn the whole-message check off.
     """
     if position + BLANK_HEADER.size > limit:
         raise CorruptMessage(f"no room for a record header at {position}")
@@ -408,18 +443,31 @@ def _check_crcs(buffer, position: int, total_size: int, body_length: int, props_
     if crc32(buffer[body_at:body_at + body_length]) & 0x7FFFFFFF != body_crc:
         raise CorruptMessage(f"body CRC mismatch at {position}")
     end = position + total_size
-    if props_length >= HCRC_PROPERTY_BYTES and buffer[end - HCRC_PROPERTY_BYTES:end - HCRC_VALUE_BYTES] == HCRC_PREFIX:
-        digits = bytes(buffer[end - HCRC_VALUE_BYTES:end - 1])
-        try:
-            stored = int(digits, 16)
-        except ValueError:
-            raise CorruptMessage(f"HCRC digits unreadable at {position}") from None
-        crc = crc32(buffer[body_at + body_length:end - HCRC_VALUE_BYTES], crc32(buffer[position:body_at]))
-        # compare the exact digits: int() would accept 'A' for 'a', a space for a leading '0'
-        if crc != stored or digits != b"%08x" % crc or buffer[end - 1] != 2:
-            raise CorruptMessage(f"header CRC (HCRC) mismatch at {position}")
+    if props_length >= SEAL_PROPERTY_BYTES and buffer[end - SEAL_PROPERTY_BYTES:end - SEAL_VALUE_BYTES] == SEAL_PREFIX:
+        digits = bytes(buffer[end - SEAL_VALUE_BYTES:end])
+        crc = crc32(buffer[position:end - SEAL_PROPERTY_BYTES])
+        # compare the exact bytes: the writer's ten digits and separator, nothing else
+        if digits != seal_value(crc):
+            raise CorruptMessage(f"message CRC (__CRC32#) mismatch at {position}")
+    elif props_length >= LEGACY_HCRC_PROPERTY_BYTES and \
+            buffer[end - LEGACY_HCRC_PROPERTY_BYTES:end - LEGACY_HCRC_VALUE_BYTES] == LEGACY_HCRC_PREFIX:
+        _check_legacy_hcrc(buffer, position, end, body_at + body_length)
     elif require_hcrc:
-        raise CorruptMessage(f"no HCRC property at {position}")
+        raise CorruptMessage(f"no __CRC32# property at {position}")
+
+
+def _check_legacy_hcrc(buffer, position: int, end: int, tail_at: int) -> None:
+    """hastore's older HCRC: hex CRC32 of the header and the tail, the body and digits left out."""
+    body_at = position + HEADER.size
+    digits = bytes(buffer[end - LEGACY_HCRC_VALUE_BYTES:end - 1])
+    try:
+        stored = int(digits, 16)
+    except ValueError:
+        raise CorruptMessage(f"HCRC digits unreadable at {position}") from None
+    crc = crc32(buffer[tail_at:end - LEGACY_HCRC_VALUE_BYTES], crc32(buffer[position:body_at]))
+    # compare the exact digits: int() would accept 'A' for 'a', a space for a leading '0'
+    if crc != stored or digits != b"%08x" % crc or buffer[end - 1] != 2:
+        raise CorruptMessage(f"header CRC (HCRC) mismatch at {position}")
 
 
 def decode_message(buffer, position: int = 0, *, check_crc: bool = True,

@@ -227,7 +227,7 @@ class CommitLog:
             header = pack(size, magic, body_crc, queue_id, flag, queue_offset, position, sys_flag,
                           born_timestamp or store_timestamp, born_host, store_timestamp, store_host,
                           reconsume_times, prepared_transaction_offset, len(body))
-            add_pieces((header, body, tail, seal(header, tail)))
+            add_pieces((header, body, tail, seal(header, body, tail)))
             add_position(position)
             add_result(new_result(PutResult, (ok, position, queue_offset, f"{id_prefix}{position:016X}",
                                               store_timestamp, size, "")))

@@ -700,7 +700,7 @@ def _properties_of(message: Message) -> bytes | PutResult:
         for name, value in properties.items():
             if type(name) is not str or type(value) is not str or not name:
                 return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property names and values must be non-empty strings")
-            if name == codec.PROPERTY_HCRC:
+            if name in codec.STORE_PROPERTY_NAMES:
                 return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"property {name} is reserved for the store")
             if (name == codec.PROPERTY_KEYS and keys) or (name == codec.PROPERTY_TAGS and tags):
                 continue  # the fields win over a property of the same name

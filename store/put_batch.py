@@ -31,7 +31,7 @@ _MESSAGE_FIELDS = attrgetter("topic", "queue_id", "body", "keys", "tags", "prope
                              "born_timestamp", "born_host", "reconsume_times", "prepared_transaction_offset")
 # names a regular batch's property maps must not hold: HCRC belongs to the store, and a
 # KEYS or TAGS property loses to the field of the same name (the per-message path sorts that out)
-_STORE_NAMES = frozenset((codec.PROPERTY_HCRC, codec.PROPERTY_KEYS, codec.PROPERTY_TAGS))
+_STORE_NAMES = codec.STORE_PROPERTY_NAMES | {codec.PROPERTY_KEYS, codec.PROPERTY_TAGS}
 _PROPERTIES_LENGTH = codec.PROPS_LEN.pack
 # a record is header + body + tail + the HCRC digits and their separator
 _BESIDE_BODY_AND_TAIL = codec.HEADER.size + codec.HCRC_VALUE_BYTES
@@ -42,7 +42,6 @@ _join_pairs = codec.PROPERTY_SEPARATOR.join
 _join_keys = codec.KEY_SEPARATOR.join
 _crc32 = codec.crc32
 _TAIL_FORMAT = b"%s%s%s" + codec.HCRC_PREFIX
-_SEAL_FORMAT = b"%08x\x02"
 _END_OF_PAIRS = ("",)  # joined last, so a non-empty map's text ends with its separator
 
 
@@ -209,6 +208,6 @@ def encode_run(columns: BatchColumns, start_offset: int, queue_offsets: list[int
                        columns.queue_ids, columns.flags, queue_offsets, positions, columns.sys_flags, born,
                        columns.born_hosts, repeat(store_timestamp), repeat(store_host), columns.reconsume_times,
                        columns.prepared_transaction_offsets, map(len, columns.bodies)))
-    seals = map(_SEAL_FORMAT.__mod__, map(_crc32, columns.tails, map(_crc32, headers)))
+    seals = map(codec.seal, headers, columns.bodies, columns.tails)
     data = b"".join(chain.from_iterable(zip(headers, columns.bodies, columns.tails, seals)))
     return data, positions

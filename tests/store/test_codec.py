@@ -79,17 +79,46 @@ def test_every_field_at_its_v1_position_and_size():
     assert props_at + 2 + props_length == len(raw)
     props = raw[props_at + 2:]
     assert props.startswith(props_bytes)
-    assert props[len(props_bytes):len(props_bytes) + 5] == b"HCRC\x01"
-    digits = props[len(props_bytes) + 5:-1]
-    assert len(digits) == 8 and digits == digits.lower() and int(digits, 16) >= 0
+    assert props[len(props_bytes):len(props_bytes) + 9] == b"__CRC32#\x01"
+    digits = props[len(props_bytes) + 9:-1]
+    assert len(digits) == 10 and digits.isdigit()
     assert props[-1:] == b"\x02"
 
 
-def test_hcrc_is_crc32_of_everything_but_body_and_digits():
+def test_crc32_property_is_rocketmq_5s_append_prop_crc():
+    # CommitLog under enabledAppendPropCRC: UtilAll.crc32 (sign bit cleared) of the record's
+    # first TOTALSIZE - 20 bytes, written by MessageDecoder.createCrc32 as ten decimal
+    # digits, least significant first; checkMessageAndReturnSize reads them back that way
     raw = encode()
-    body_end = 88 + len(BODY)
-    expected = zlib.crc32(raw[:88] + raw[body_end:-9])
-    assert raw[-9:-1] == b"%08x" % expected
+    expected = zlib.crc32(raw[:-20]) & 0x7FFFFFFF
+    assert raw[-20:-11] == b"__CRC32#\x01" and raw[-1:] == b"\x02"
+    digits = raw[-11:-1].decode()
+    assert sum(int(digit) * 10 ** place for place, digit in enumerate(digits)) == expected
+    assert digits == str(expected).zfill(10)[::-1]
+
+
+def legacy_hcrc_record(**changes) -> bytes:
+    """A record as hastore wrote it before __CRC32#: HCRC, hex CRC32 of header and tail."""
+    fields = dict(FIELDS, **changes)
+    props = codec.encode_properties(PROPERTIES)
+    tail = bytes([len(TOPIC)]) + TOPIC + struct.pack(">H", len(props) + 14) + props + b"HCRC\x01"
+    header = codec.HEADER.pack(88 + len(BODY) + len(tail) + 9, codec.MESSAGE_MAGIC, codec.crc32_body(BODY),
+                               fields["queue_id"], fields["flag"], fields["queue_offset"], fields["physical_offset"],
+                               fields["sys_flag"], fields["born_timestamp"], codec.encode_host(BORN_HOST),
+                               fields["store_timestamp"], codec.encode_host(STORE_HOST), fields["reconsume_times"],
+                               fields["prepared_transaction_offset"], len(BODY))
+    return header + BODY + tail + b"%08x\x02" % zlib.crc32(tail, zlib.crc32(header))
+
+
+def test_records_with_the_older_hcrc_still_read_and_verify():
+    raw = legacy_hcrc_record()
+    message = codec.decode_message(raw)
+    assert message.body == BODY and message.user_properties == PROPERTIES
+    for position in (30, 72, 90, len(raw) - 5):
+        damaged = bytearray(raw)
+        damaged[position] ^= 0x01
+        with pytest.raises(codec.CorruptMessage):
+            codec.check_record(damaged, 0, len(damaged))
 
 
 def test_message_size_matches_encoding():
@@ -214,7 +243,7 @@ def test_decode_round_trip():
     assert message.born_host == BORN_HOST and message.store_host == STORE_HOST
     assert message.body == BODY and message.topic == TOPIC.decode()
     assert message.user_properties == PROPERTIES
-    assert set(message.properties) == set(PROPERTIES) | {"HCRC"}
+    assert set(message.properties) == set(PROPERTIES) | {"__CRC32#"}
     assert message.keys == ["k1", "k2"] and message.tags == "TagA" and message.uniq_key == "ABCDEF"
     assert message.message_id == codec.message_id(codec.encode_host(STORE_HOST), FIELDS["physical_offset"])
 
