@@ -1,9 +1,9 @@
-"""The node's ``hastore`` commands: node start, produce, consume, query, topic, status.
+"""The client commands of ``hastore``: produce, consume, query, topic, status.
 
 Registered in pyproject.toml under ``hastore.commands``. Every client command takes
-``--bootstrap HOST:PORT`` (or ``--zk HOSTS`` to find the master through ZooKeeper) and
-``--secret`` (or HASTORE_SECRET); ``--json`` prints
-machine-readable results on stdout, progress goes to stderr.
+``--bootstrap HOST:PORT``, ``--zk HOSTS`` (ZooKeeper names the master) or ``--dir DIR``
+(the local cluster in DIR), and ``--secret`` (or HASTORE_SECRET); ``--json`` prints
+machine-readable results on stdout, progress goes to stderr (on a terminal only).
 """
 
 from __future__ import annotations
@@ -24,19 +24,30 @@ from ..errors import NodeError, UnknownOutcomeError
 
 
 def bootstrap_option(command):
-    """``--bootstrap HOST:PORT``, or ``--zk HOSTS`` to ask ZooKeeper for the group's master."""
+    """Where the node is: ``--bootstrap HOST:PORT``, ``--zk HOSTS`` (ZooKeeper names the group's
+    master) or ``--dir DIR`` (the local cluster in DIR: its master and its secret)."""
     @functools.wraps(command)
-    def with_bootstrap(*args, zk_hosts, zk_cluster, zk_group, **kwargs):
+    def with_bootstrap(*args, zk_hosts, zk_cluster, zk_group, cluster_dir, **kwargs):
+        if zk_hosts and cluster_dir:
+            raise click.UsageError("give --zk or --dir, not both")
         if zk_hosts:
             kwargs["bootstrap"] = _master_from_zookeeper(zk_hosts, zk_cluster, zk_group)
+        elif cluster_dir:
+            kwargs["bootstrap"], cluster_secret = _master_from_local_cluster(cluster_dir, zk_group)
+            if "secret" in kwargs and kwargs["secret"] is None:
+                kwargs["secret"] = cluster_secret
         return command(*args, **kwargs)
     for option in (
             click.option("--zk-group", "zk_group", default="g1", show_default=True,
-                         help="With --zk: the group whose master to use."),
+                         help="With --zk or --dir: the group whose master to use."),
             click.option("--zk-cluster", "zk_cluster", default="hastore", show_default=True,
                          help="With --zk: the cluster name the controller runs under."),
             click.option("--zk", "zk_hosts", default=None, metavar="HOSTS",
                          help="Find the master through ZooKeeper (controller mode) instead of --bootstrap."),
+            click.option("--dir", "cluster_dir", default=None, metavar="DIR", envvar="HASTORE_CLUSTER_DIR",
+                         type=click.Path(file_okay=False),
+                         help="Use the local cluster in DIR (`hastore cluster up --dir DIR`): its master and "
+                              "its secret, no address to look up (env HASTORE_CLUSTER_DIR)."),
             click.option("--bootstrap", default="127.0.0.1:10911", show_default=True, metavar="HOST:PORT",
                          help="Client address of a node (any node: a slave's NOT_MASTER names the master).")):
         with_bootstrap = option(with_bootstrap)
@@ -49,7 +60,27 @@ def _master_from_zookeeper(zk_hosts: str, cluster: str, group: str) -> str:
         return find_master(zk_hosts, cluster, group).client_address
     except ControllerError as error:
         raise click.ClickException(f"no master of group {group} in cluster {cluster} via ZooKeeper {zk_hosts}: "
-                                   f"{error}") from None
+                                   f"{error}; check the cluster with `hastore controller status --zk {zk_hosts}`"
+                                   ) from None
+
+
+def _master_from_local_cluster(directory: str, group: str) -> tuple[str, str | None]:
+    """The client address of ``group``'s master in the local cluster in ``directory``, and its secret."""
+    from controller.errors import ControllerError  # only --dir needs the local cluster (and kazoo)
+    from ..cluster import ClusterError, LocalCluster
+    cluster = LocalCluster(directory)
+    if not cluster.nodes():
+        raise click.ClickException(f"no local cluster recorded in {directory}: start one with "
+                                   f"`hastore cluster up --dir {directory}`")
+    if not cluster.nodes(group):
+        groups = sorted({spec.group for spec in cluster.nodes()})
+        raise click.ClickException(f"the cluster in {directory} has no group {group!r}: use --zk-group with one "
+                                   f"of {', '.join(groups)}")
+    try:
+        return cluster.master(group).client_address, cluster.topology.secret
+    except (ClusterError, ControllerError) as error:
+        raise click.ClickException(f"group {group} of the cluster in {directory} has no master now ({error}); "
+                                   f"see `hastore cluster status --dir {directory}`") from None
 
 
 secret_option = click.option("--secret", envvar="HASTORE_SECRET", default=None,
@@ -75,85 +106,145 @@ def _progress(text: str) -> None:
 
 
 # --- produce -------------------------------------------------------------------------------
+SEND_LINES_MAX = 10_000_000   # lines read from stdin by one produce
+
+
+def _parse_properties(pairs: tuple[str, ...]) -> dict[str, str]:
+    properties = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--property")
+        properties[key] = value
+    return properties
+
+
+def _bodies_from_stdin():
+    """Each line of stdin (without its newline) as a body, like kafka-console-producer."""
+    for number, line in enumerate(sys.stdin.buffer):
+        if number >= SEND_LINES_MAX:
+            raise click.ClickException(f"more than {SEND_LINES_MAX} lines on stdin: split the input")
+        yield line.rstrip(b"\r\n")
+
+
 @click.command("produce")
 @bootstrap_option
+@click.argument("bodies", nargs=-1, metavar="[BODY]...")
 @click.option("--topic", required=True, help="Topic to send to (created if the node auto-creates topics).")
-@click.option("--count", default=1, show_default=True, type=click.IntRange(1, 100_000_000), help="Messages to send.")
-@click.option("--size", default=100, show_default=True, type=click.IntRange(0, 4 * 1024 * 1024),
-              help="Body size in bytes.")
+@click.option("--key", "keys", multiple=True, help="A business key of every message (KEYS); repeat for several.")
+@click.option("--tag", "--tags", "tags", default=None, help="The tag of every message (TAGS).")
+@click.option("--property", "properties", multiple=True, metavar="KEY=VALUE",
+              help="A user property of every message; repeat for several.")
+@click.option("--count", default=None, type=click.IntRange(1, 100_000_000),
+              help="Generated load: send COUNT messages of --size bytes instead of BODY or stdin.")
+@click.option("--size", default=None, type=click.IntRange(0, 4 * 1024 * 1024),
+              help="Generated load: body size in bytes (default 100).")
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 4096),
               help="Messages per send request (one frame).")
 @click.option("--in-flight", default=8, show_default=True, type=click.IntRange(1, 1024),
               help="Batches sent but not yet answered.")
-@click.option("--key-prefix", default=None, help="Give message i the key PREFIX-i.")
-@click.option("--tags", default=None, help="TAGS of every message.")
+@click.option("--key-prefix", default=None, help="Generated load: give message i the key PREFIX-i.")
 @secret_option
 @json_option
-def produce_command(bootstrap, topic, count, size, batch, in_flight, key_prefix, tags, secret, as_json) -> None:
-    """Send COUNT messages of SIZE bytes to TOPIC and report the outcome.
+def produce_command(bootstrap, bodies, topic, keys, tags, properties, count, size, batch, in_flight, key_prefix,
+                    secret, as_json) -> None:
+    """Send messages to TOPIC and report the outcome.
+
+    \b
+    hastore produce --topic orders hello world          two messages, "hello" and "world"
+    printf 'a\\nb\\n' | hastore produce --topic orders   one message per line of stdin
+    hastore produce --topic orders --key order-1 --tag new --property region=eu '{"id": 1}'
+    hastore produce --topic orders --count 100000 --size 1024 --batch 64   generated load
 
     Unknown outcomes (the connection died after a request left) are counted apart and
-    never retried, so they are never silently duplicated.
+    never retried, so they are never silently duplicated. Exit status 1 when any message
+    failed or has an unknown outcome.
     """
-    async def main():
-        started = time.perf_counter()
-        outcome = {"ok": 0, "failed": 0, "unknown": 0, "statuses": {}, "first_message_id": None,
-                   "last_message_id": None}
-        body = (b"x" * size)
-        async with open_producer(bootstrap, secret=secret, batch_count_max=batch, in_flight_max=in_flight) as producer:
-            async def send_range(first: int, last: int) -> None:
-                messages = [OutgoingMessage(body, keys=[f"{key_prefix}-{i}"] if key_prefix else (), tags=tags)
-                            for i in range(first, last)]
-                try:
-                    results = await producer.send_batch(topic, messages)
-                except UnknownOutcomeError:
-                    outcome["unknown"] += last - first
-                    return
-                except NodeError as error:
-                    outcome["failed"] += last - first
-                    outcome["statuses"][getattr(error, "code", type(error).__name__)] = \
-                        outcome["statuses"].get(getattr(error, "code", type(error).__name__), 0) + last - first
-                    outcome["error"] = str(error)
-                    return
-                for result in results:
-                    outcome["statuses"][result.status] = outcome["statuses"].get(result.status, 0) + 1
-                    if result.ok:
-                        outcome["ok"] += 1
-                        outcome["first_message_id"] = outcome["first_message_id"] or result.message_id
-                        outcome["last_message_id"] = result.message_id
-                    else:
-                        outcome["failed"] += 1
+    user_properties = _parse_properties(properties)
+    generated = count is not None or size is not None or key_prefix is not None
+    if generated and bodies:
+        raise click.UsageError("give BODY arguments or --count/--size (generated load), not both")
+    if generated:
+        count = count or 1
+        body = b"x" * (100 if size is None else size)
 
-            in_flight_slots = trio.Semaphore(in_flight)  # bounds the batches started, not only sent
+        def messages_of(first: int, last: int) -> list[OutgoingMessage]:
+            return [OutgoingMessage(body, keys=[f"{key_prefix}-{i}"] if key_prefix else keys, tags=tags,
+                                    properties=dict(user_properties)) for i in range(first, last)]
+        total = count
+    else:
+        payloads = [b.encode("utf-8") for b in bodies] if bodies else list(_bodies_from_stdin())
+        if not payloads:
+            raise click.UsageError("nothing to send: give BODY arguments, lines on stdin, or --count")
 
-            async def limited(first, last):
-                try:
-                    await send_range(first, last)
-                finally:
-                    in_flight_slots.release()
-
-            last_report = 0.0
-            async with trio.open_nursery() as nursery:
-                for first in range(0, count, batch):
-                    await in_flight_slots.acquire()
-                    nursery.start_soon(limited, first, min(first + batch, count))
-                    if not as_json and time.perf_counter() - last_report > 0.5:
-                        last_report = time.perf_counter()
-                        done = outcome["ok"] + outcome["failed"] + outcome["unknown"]
-                        _progress(f"sent {done}/{count}")
-        elapsed = time.perf_counter() - started
-        outcome.update(count=count, seconds=round(elapsed, 3), msgs_per_s=round(count / elapsed, 1))
-        return outcome
-
-    outcome = _run(main)
+        def messages_of(first: int, last: int) -> list[OutgoingMessage]:
+            return [OutgoingMessage(payload, keys=keys, tags=tags, properties=dict(user_properties))
+                    for payload in payloads[first:last]]
+        total = len(payloads)
+    outcome = _run(_produce, bootstrap, secret, topic, total, messages_of, batch, in_flight, as_json)
     if as_json:
         click.echo(json.dumps(outcome))
     else:
+        reason = f"; {outcome['error']}" if outcome.get("error") else ""
         click.echo(f"\rsent {outcome['count']}: {outcome['ok']} ok, {outcome['failed']} failed, "
                    f"{outcome['unknown']} unknown outcome in {outcome['seconds']} s "
-                   f"({outcome['msgs_per_s']} msgs/s) {outcome['statuses']}")
+                   f"({outcome['msgs_per_s']} msgs/s) {outcome['statuses']}{reason}")
     if outcome["failed"] or outcome["unknown"]:
         sys.exit(1)
+
+
+async def _produce(bootstrap, secret, topic, count, messages_of, batch, in_flight, as_json) -> dict:
+    """Send messages [0, count) in batches of ``batch``, ``in_flight`` at a time; the outcome."""
+    started = time.perf_counter()
+    outcome = {"ok": 0, "failed": 0, "unknown": 0, "statuses": {}, "first_message_id": None,
+               "last_message_id": None}
+
+    def count_status(status: str, number: int) -> None:
+        outcome["statuses"][status] = outcome["statuses"].get(status, 0) + number
+
+    async with open_producer(bootstrap, secret=secret, batch_count_max=batch, in_flight_max=in_flight) as producer:
+        async def send_range(first: int, last: int) -> None:
+            try:
+                results = await producer.send_batch(topic, messages_of(first, last))
+            except UnknownOutcomeError:
+                outcome["unknown"] += last - first
+                return
+            except NodeError as error:
+                outcome["failed"] += last - first
+                count_status(getattr(error, "code", type(error).__name__), last - first)
+                outcome["error"] = str(error)
+                return
+            for result in results:
+                count_status(result.status, 1)
+                if result.ok:
+                    outcome["ok"] += 1
+                    outcome["first_message_id"] = outcome["first_message_id"] or result.message_id
+                    outcome["last_message_id"] = result.message_id
+                else:
+                    outcome["failed"] += 1
+                    if result.reason:
+                        outcome["error"] = f"{result.status}: {result.reason}"
+
+        in_flight_slots = trio.Semaphore(in_flight)  # bounds the batches started, not only sent
+
+        async def limited(first, last):
+            try:
+                await send_range(first, last)
+            finally:
+                in_flight_slots.release()
+
+        last_report = 0.0
+        async with trio.open_nursery() as nursery:
+            for first in range(0, count, batch):
+                await in_flight_slots.acquire()
+                nursery.start_soon(limited, first, min(first + batch, count))
+                if not as_json and sys.stderr.isatty() and time.perf_counter() - last_report > 0.5:
+                    last_report = time.perf_counter()
+                    done = outcome["ok"] + outcome["failed"] + outcome["unknown"]
+                    _progress(f"sent {done}/{count}")
+    elapsed = time.perf_counter() - started
+    outcome.update(count=count, seconds=round(elapsed, 3), msgs_per_s=round(count / elapsed, 1))
+    return outcome
 
 
 # --- consume -------------------------------------------------------------------------------
@@ -173,7 +264,9 @@ def produce_command(bootstrap, topic, count, size, batch, in_flight, key_prefix,
 def consume_command(bootstrap, topic, group, from_beginning, count, idle_ms, no_commit, secret, as_json) -> None:
     """Read messages of TOPIC as consumer GROUP, committing the group's offsets as it goes.
 
-    With --json, one JSON object per message on stdout (body as UTF-8 text).
+    Prints each message's body on a line of its own (bytes as they are); with --json, one
+    JSON object per message with its queue, offsets, id, keys, tags and times (body as UTF-8
+    text). The count goes to stderr.
     """
     async def main():
         received = 0
@@ -187,9 +280,7 @@ def consume_command(bootstrap, topic, group, from_beginning, count, idle_ms, no_
                     if as_json:
                         click.echo(json.dumps(message.to_json()))
                     else:
-                        click.echo(f"{message.queue_id}:{message.queue_offset} id={message.message_id} "
-                                   f"keys={','.join(message.keys)} tags={message.tags or ''} "
-                                   f"{message.body[:80]!r}")
+                        _write_body(message.body)
                     if not no_commit and time.monotonic() - last_commit > 1:
                         await consumer.commit()
                         last_commit = time.monotonic()
@@ -201,6 +292,12 @@ def consume_command(bootstrap, topic, group, from_beginning, count, idle_ms, no_
 
     received = _run(main)
     click.echo(f"consumed {received} messages", err=True)
+
+
+def _write_body(body: bytes) -> None:
+    out = sys.stdout.buffer
+    out.write(body if body.endswith(b"\n") else body + b"\n")
+    out.flush()
 
 
 # --- query ---------------------------------------------------------------------------------

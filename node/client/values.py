@@ -70,7 +70,8 @@ class ReceivedMessage:
         return {"topic": self.topic, "queue_id": self.queue_id, "queue_offset": self.queue_offset,
                 "physical_offset": self.physical_offset, "message_id": self.message_id, "keys": self.keys,
                 "tags": self.tags, "uniq_key": self.uniq_key, "born_timestamp": self.born_timestamp,
-                "store_timestamp": self.store_timestamp, "body_bytes": len(self.body), "body": body}
+                "store_timestamp": self.store_timestamp, "properties": self.properties,
+                "body_bytes": len(self.body), "body": body}
 
 
 # UNIQ_KEY, the client's id of a message, made as RocketMQ's client makes it: a prefix
