@@ -49,6 +49,7 @@ import re
 import socket
 import struct
 import sys
+import zlib
 from dataclasses import dataclass, field
 from operator import mul
 
@@ -193,12 +194,75 @@ def tags_hash_code(tags: str | None) -> int:
 
 # --- hosts and message ids ---------------------------------------------------------------
 def encode_host(address: str) -> bytes:
-    """'ip:port' -> 8 bytes (IPv4 4 + port 4)."""
+    """'ip:port' -> 8 bytes (IPv4 4 + port 4). The port must fit Java's InetSocketAddress
+    (0..65535), which RocketMQ's decoder builds from it."""
     host, _, port = address.rpartition(":")
     try:
-        return socket.inet_aton(host) + struct.pack(">i", int(port))
-    except (OSError, ValueError) as error:
+        raw = socket.inet_aton(host) + struct.pack(">i", int(port))
+    except (OSError, ValueError, struct.error) as error:
         raise ValueError(f"not an IPv4 'host:port' address: {address!r}") from error
+    if not 0 <= int(port) <= 65535 or host.count(".") != 3:
+        raise ValueError(f"not an IPv4 'host:port' address with a port in 0..65535: {address!r}")
+    return raw
+
+
+# --- system flags (RocketMQ MessageSysFlag) ----------------------------------------------
+SYS_FLAG_COMPRESSED = 0x1
+SYS_FLAG_TRANSACTION_MASK = 0xC           # PREPARED 0x4, COMMIT 0x8, ROLLBACK 0xC
+SYS_FLAG_TRANSACTION_PREPARED = 0x4
+SYS_FLAG_TRANSACTION_ROLLBACK = 0xC
+SYS_FLAG_BORN_HOST_V6 = 0x10
+SYS_FLAG_STORE_HOST_V6 = 0x20
+SYS_FLAG_COMPRESSION_TYPE_MASK = 0x700    # >> 8: 0 or 3 zlib, 1 lz4, 2 zstd
+_LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"
+_ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+# a compressed body is checked by inflating it, at most this much
+_INFLATED_BYTES_MAX = 64 * 1024 * 1024
+
+
+def sys_flag_problem(sys_flag, body: bytes) -> str | None:
+    """Why RocketMQ could not read a message with this SYSFLAG and body, or None.
+
+    hastore stores IPv4 hosts only, so the IPv6 host flags would make a decoder read 20
+    host bytes where there are 8; RocketMQ neither queues nor indexes transaction prepared
+    or rollback records; the compressed flag promises a body a consumer can inflate: zlib
+    for compression type 0 or 3 (as ``CompressionType.findByValue``), an LZ4 or zstd frame
+    for types 1 and 2."""
+    if type(sys_flag) is not int or not 0 <= sys_flag <= 0x7FFFFFFF:
+        return "sys_flag must be an int in [0, 2^31)"
+    if sys_flag & SYS_FLAG_BORN_HOST_V6:
+        return "sys_flag 0x10 (born host IPv6) set, but born_host is an IPv4 address"
+    if sys_flag & SYS_FLAG_STORE_HOST_V6:
+        return "sys_flag 0x20 (store host IPv6) set, but the store host is an IPv4 address"
+    transaction = sys_flag & SYS_FLAG_TRANSACTION_MASK
+    if transaction == SYS_FLAG_TRANSACTION_PREPARED:
+        return "sys_flag 0x4 (transaction prepared) is not accepted: RocketMQ neither queues nor indexes it"
+    if transaction == SYS_FLAG_TRANSACTION_ROLLBACK:
+        return "sys_flag 0xC (transaction rollback) is not accepted: RocketMQ neither queues nor indexes it"
+    if sys_flag & SYS_FLAG_COMPRESSED:
+        return _compressed_body_problem((sys_flag & SYS_FLAG_COMPRESSION_TYPE_MASK) >> 8, body)
+    return None
+
+
+def _compressed_body_problem(compression_type: int, body: bytes) -> str | None:
+    if compression_type in (0, 3):
+        inflater = zlib.decompressobj()
+        try:
+            inflater.decompress(body, _INFLATED_BYTES_MAX)
+        except zlib.error as error:
+            return f"sys_flag 0x1 (compressed, zlib) set, but the body is not zlib data: {error}"
+        if inflater.unconsumed_tail:
+            return f"sys_flag 0x1 (compressed) set and the body inflates past {_INFLATED_BYTES_MAX} bytes"
+        if not inflater.eof or inflater.unused_data:
+            return "sys_flag 0x1 (compressed, zlib) set, but the body is not one whole zlib stream"
+        return None
+    if compression_type == 1:
+        return None if bytes(body[:4]) == _LZ4_FRAME_MAGIC else \
+            "sys_flag 0x1 with compression type lz4 (0x100) set, but the body is not an LZ4 frame"
+    if compression_type == 2:
+        return None if bytes(body[:4]) == _ZSTD_FRAME_MAGIC else \
+            "sys_flag 0x1 with compression type zstd (0x200) set, but the body is not a zstd frame"
+    return f"sys_flag compression type {compression_type} (bits 0x700) is not one RocketMQ knows (1 lz4, 2 zstd, 3 zlib)"
 
 
 def decode_host(raw: bytes) -> str:

@@ -277,6 +277,10 @@ class MessageStore:
         queue_id = message.queue_id
         if type(queue_id) is not int or not 0 <= queue_id <= MAX_QUEUE_ID:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="queue id must be an int in [0, 2^31)")
+        if message.sys_flag or type(message.sys_flag) is not int:
+            problem = codec.sys_flag_problem(message.sys_flag, body)
+            if problem:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
         properties = _properties_of(message)
         if type(properties) is PutResult:
             return properties

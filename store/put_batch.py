@@ -106,7 +106,7 @@ def _columns(topics: tuple, queue_ids, bodies, keys, tags, properties, flags, sy
     if not (topic_set <= tail_prefixes.keys() and host_set <= born_hosts.keys()
             and set(map(type, bodies)) == {bytes} and max(map(len, bodies)) <= codec.MAX_BODY_BYTES
             and set(map(type, queue_ids)) == {int} and min(queue_ids) >= 0 and max(queue_ids) <= _MAX_QUEUE_ID
-            and set(map(type, properties)) == {dict}):
+            and set(map(type, properties)) == {dict} and not any(sys_flags)):   # flags: prepare checks them
         return None
     texts = _property_texts(keys, tags, properties)
     if texts is None:
