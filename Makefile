@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 system-packages:
 	@test -f $(ZOOKEEPER_JAR) && command -v java >/dev/null || \
 		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends zookeeper)
+	@# docker-compose checks compose/ (`docker-compose config`, tests/compose); no Docker engine needed
+	@command -v docker-compose >/dev/null || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker-compose)
 
 test: $(STAMP) system-packages
 	$(BIN)/pytest -q
