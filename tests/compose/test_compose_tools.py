@@ -61,3 +61,39 @@ def test_promtool_accepts_the_rules():
     rules = sorted(str(path) for path in (REPO / "compose" / "prometheus" / "rules").glob("*.yml"))
     result = _run([promtool, "check", "rules", *rules])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _series(metric: str, node: str, value: int) -> dict:
+    group = node.split("-")[0]
+    labels = f'job="hastore-nodes",instance="{node}:10913",group="{group}"'
+    if metric != "up":
+        labels += f',node="{node}"'
+    return {"series": f"{metric}{{{labels}}}", "values": f"{value}x20"}
+
+
+def test_promtool_evaluates_the_master_alerts_as_meant(tmp_path):
+    """Group g1's only master is fenced and g2 has two unfenced masters: the no-master
+    expression names g1 alone, the two-masters expression g2 alone."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian's prometheus package has it)")
+    rules_path = REPO / "compose" / "prometheus" / "rules" / "hastore.yml"
+    rules = {rule["alert"]: rule["expr"] for group in yaml.safe_load(rules_path.read_text())["groups"]
+             for rule in group["rules"]}
+    masters = {"g1-n1": 1, "g1-n2": 0, "g1-n3": 0, "g2-n1": 1, "g2-n2": 1, "g2-n3": 0}
+    fenced = {"g1-n1": 1}
+    series = []
+    for node, is_master in masters.items():
+        series += [_series("up", node, 1), _series("hastore_replication_is_master", node, is_master),
+                   _series("hastore_replication_fenced", node, fenced.get(node, 0))]
+    unit = {"rule_files": [str(rules_path)], "evaluation_interval": "5s", "tests": [{
+        "interval": "5s", "input_series": series,
+        "promql_expr_test": [
+            {"expr": rules["HastoreGroupWithoutMaster"], "eval_time": "1m",
+             "exp_samples": [{"labels": '{group="g1"}', "value": 3}]},
+            {"expr": rules["HastoreGroupWithTwoMasters"], "eval_time": "1m",
+             "exp_samples": [{"labels": '{group="g2"}', "value": 2}]}]}]}
+    test_file = tmp_path / "masters_test.yml"
+    test_file.write_text(yaml.safe_dump(unit))
+    result = _run([promtool, "test", "rules", str(test_file)], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
