@@ -194,7 +194,9 @@ def test_zk_hosts_name_the_three_zookeeper_services(compose, nodes):
     for service in ensemble.values():
         servers = service["environment"]["ZOO_SERVERS"].split()
         assert {server.split("=")[1].split(":")[0] for server in servers} == set(ensemble)
-        tick_ms = int(service["environment"]["ZOO_TICK_TIME"])
+    ticks = {int(service["environment"]["ZOO_TICK_TIME"]) for service in ensemble.values()}
+    assert len(ticks) == 1, "one tick time across the ensemble"
+    tick_ms = ticks.pop()
     for config in nodes.values():
         assert {_host(host) for host in config.zk_hosts.split(",")} == set(ensemble)
         assert {_port(host) for host in config.zk_hosts.split(",")} == {2181}
