@@ -34,7 +34,7 @@ from . import codec
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue
 from .dispatch_batch import DispatchBatch, DispatchParser
-from .errors import invariant
+from .errors import DiskFullError, invariant
 from .index_file import IndexService
 from .mapped_file import MappedFile
 
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 # Records alike (dispatch_layout) take a few dozen numpy calls, any others about a hundred.
 _ALIKE_RECORDS_MIN = 16
 _COLUMNS_RECORDS_MIN = 128
+
+DISK_FULL_RETRY_S = 1.0   # a pass stopped by a full disk is tried again this much later
 
 DispatchListener = Callable[[int, set[tuple[str, int]]], None]
 
@@ -268,6 +270,9 @@ class Dispatcher:
         try:
             self.wake.clear()
             return self.dispatch_available(bytes_max)
+        except DiskFullError as error:  # no room for a ConsumeQueue or index file: the next wake retries
+            log.warning("dispatch waits for room on disk: %s", error)
+            return None
         except Exception as error:  # surfaced through statistics and health checks, as on the thread
             self.error = error
             log.exception("dispatcher stopped: %s", error)
@@ -285,6 +290,9 @@ class Dispatcher:
             try:
                 while not self._stopping and self.dispatch_available():
                     pass
+            except DiskFullError as error:  # no room for a ConsumeQueue or index file: retried
+                log.warning("dispatch waits for room on disk: %s", error)
+                time.sleep(DISK_FULL_RETRY_S)
             except BaseException as error:  # surfaced through statistics and health checks
                 self.error = error
                 log.exception("dispatcher stopped: %s", error)

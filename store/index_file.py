@@ -466,7 +466,10 @@ class IndexService:
                 continue
             files.append(IndexFile(path, self.hash_slots, self.max_entries, create=False))
         if files:
-            files[-1].refresh_header(recount_slots=True)   # only the newest can be stale: a roll flushes the one before
+            newest = files[-1]
+            # the file written next: reserved, as stores made before index files were may be sparse
+            reserve(newest.fd, newest.size, newest.path)
+            newest.refresh_header(recount_slots=True)   # only the newest can be stale: a roll flushes the one before
         self.files = files
 
     def _writable(self, timestamp_ms: int) -> IndexFile:

@@ -31,7 +31,7 @@ from .commit_log import CommitLog, PreparedMessage
 from .config import StoreConfig
 from .config_files import ConfigStore, fsync_directory, write_atomically
 from .dispatcher import ConsumeQueueTable, Dispatcher
-from .errors import MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError, invariant
+from .errors import DiskFullError, MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError, invariant
 from .flush import FlushService
 from .index_file import IndexService
 from .message import Message, PutResult, PutStatus
@@ -186,7 +186,10 @@ class MessageStore:
         self._running = False
         self.retention.stop()
         self.dispatcher.stop()
-        self.dispatcher.catch_up()
+        try:
+            self.dispatcher.catch_up()
+        except DiskFullError as error:   # the checkpoint records how far dispatch got: the next start goes on
+            log.warning("shutdown: dispatch left unfinished: %s", error)
         self.flusher.stop()
         self.flusher.flush_now()
         self.flusher.write_checkpoint()

@@ -1,0 +1,95 @@
+"""A full disk is an error, never a crash: on a small tmpfs (mounted here; the test is
+skipped, saying why, where mounting is not permitted) a writer with keys fills the disk,
+gets SERVICE_NOT_AVAILABLE "no room on disk", and is never killed by SIGBUS; neither is
+``store verify``. Once space is freed the store starts and serves every acknowledged
+message."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from store import MessageStore
+from store_helpers import make_config, pull_all
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = dict(commitlog_segment_bytes=256 * 1024, flush="sync", consume_queue_entries_per_file=512,
+                index_hash_slots=64, index_max_entries=2000)
+
+WRITER = textwrap.dedent("""
+    import sys
+    from store import Message, MessageStore, PutStatus, StoreConfig
+    settings = dict(commitlog_segment_bytes=256 * 1024, flush="sync", consume_queue_entries_per_file=512,
+                    index_hash_slots=64, index_max_entries=2000)
+    store = MessageStore(StoreConfig(store_path=sys.argv[1], **settings))
+    store.start()
+    refused = 0
+    for i in range(20_000):
+        result = store.put(Message(topic="Full", queue_id=i % 4, body=b"m%d" % i + b"." * 500,
+                                   keys=["k%d" % i, "u%d" % i]))
+        if result.status is PutStatus.PUT_OK:
+            print("ACK", i, result.queue_offset, flush=True)
+        else:
+            print("REFUSED", result.status.value, result.reason.replace(" ", "_"), flush=True)
+            refused += 1
+            if refused >= 20:
+                break
+    store.shutdown()
+    print("DONE", flush=True)
+""")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+def _fill_disk(mount_point, leave_bytes: int) -> str:
+    filler = str(mount_point / "filler")
+    free = os.statvfs(str(mount_point))
+    size = free.f_bavail * free.f_frsize - leave_bytes
+    with open(filler, "wb") as handle:
+        os.posix_fallocate(handle.fileno(), 0, max(0, size))
+    return filler
+
+
+def test_full_disk_refuses_writes_without_sigbus_and_recovers_after_space_is_freed(small_disk):
+    store_path = str(small_disk / "store")
+    os.makedirs(store_path)
+    filler = _fill_disk(small_disk, 900 * 1024)
+    done = subprocess.run([sys.executable, "-c", WRITER, store_path], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"writer died (exit {done.returncode}): {done.stderr[-2000:]}"
+    acked = [tuple(map(int, line.split()[1:])) for line in done.stdout.splitlines() if line.startswith("ACK")]
+    refusals = [line.split() for line in done.stdout.splitlines() if line.startswith("REFUSED")]
+    assert acked and refusals, done.stdout[-500:]
+    assert all(status == "SERVICE_NOT_AVAILABLE" and "no_room_on_disk" in reason for _, status, reason in refusals)
+    verify = subprocess.run([sys.executable, "-c", "import sys; from store import offline; "
+                             "problems, summary = offline.verify(sys.argv[1]); print(summary)", store_path],
+                            capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, f"verify died (exit {verify.returncode}): {verify.stderr[-2000:]}"
+    os.unlink(filler)
+    store = MessageStore(make_config(store_path, **SETTINGS))
+    store.start()
+    try:
+        assert store.wait_dispatched()
+        by_queue = {q: {m.queue_offset: m.body for m in pull_all(store, "Full", q)} for q in range(4)}
+        for i, queue_offset in acked:
+            assert by_queue[i % 4][queue_offset] == b"m%d" % i + b"." * 500
+        last = acked[-1][0]
+        assert [m.body[:8] for m in store.query_by_key("Full", f"k{last}")] == [(b"m%d" % last + b"." * 8)[:8]]
+    finally:
+        store.shutdown()
