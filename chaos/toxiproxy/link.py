@@ -4,7 +4,8 @@ one ``Direction`` each way (upstream: client -> upstream, downstream: upstream -
 A direction runs three tasks:
 
 - the reader takes up to 64 KiB a read from its source. With no toxic on its stream (and
-  nothing queued), it writes the bytes to the destination itself: one task, no queue, no sleep.
+  nothing queued), it writes the bytes to the destination itself: one task, no queue, no
+  sleep, plain non-blocking socket calls (see ``_read``);
   Otherwise it stamps each chunk with its arrival time and queues it (at most 64 chunks, so
   4 MiB a direction) for the writer;
 - the writer passes each queued chunk down the stream's current toxic chain (``toxics.py``)
@@ -46,6 +47,17 @@ class ToxicChains(Protocol):
     def changed(self, stream: str) -> trio.Event: ...
 
 
+async def _send_all(sock: socket.socket, data: bytes, still_open) -> None:
+    view = memoryview(data)
+    while view:
+        if not still_open():
+            raise trio.ClosedResourceError("the link closed")
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+
+
 class Direction:
     """One way of a link: source -> toxic chain -> destination."""
 
@@ -85,9 +97,37 @@ class Direction:
         return (not self._queued and not self._writer_busy and not self._closing
                 and self._seen_version == self._toxics.version(self.stream) and not self._toxics.chain(self.stream))
 
+    def _open(self) -> bool:
+        return self._source.socket.fileno() >= 0 and self._dest.socket.fileno() >= 0
+
     async def _read(self) -> None:
+        if not self._open():  # closed before this task ran; no await between check and use
+            await self._send.send(_END)
+            return
+        source = socket.socket(fileno=self._source.socket.fileno())
+        dest = socket.socket(fileno=self._dest.socket.fileno())
         try:
             while True:
+                if self._direct():
+                    # The hot loop of a link with no toxics: plain non-blocking calls on the
+                    # sockets, waiting in trio only when the kernel has nothing (or no room);
+                    # trio's stream calls cost two scheduler passes each. Both objects share the
+                    # trio sockets' descriptors: check they are still open right before each
+                    # call (no await in between), so a descriptor closed and reused by another
+                    # connection is never read.
+                    if not self._open():
+                        break
+                    try:
+                        data = source.recv(READ_BYTES)
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_readable(source)
+                        continue
+                    if not data:
+                        break
+                    await _send_all(dest, data, self._open)
+                    self.bytes_forwarded += len(data)
+                    await trio.lowlevel.checkpoint()
+                    continue
                 data = await self._source.receive_some(READ_BYTES)
                 if not data:
                     break
@@ -99,6 +139,9 @@ class Direction:
                     await self._send.send((data, trio.current_time()))
         except _LINK_ERRORS:
             pass
+        finally:
+            source.detach()
+            dest.detach()
         await self._send.send(_END)
 
     # -- writer ---------------------------------------------------------------------------
