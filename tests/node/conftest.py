@@ -17,16 +17,7 @@ from node.server.connections import ClientServer
 from node.server.sys_config import SysConfig
 from store import MessageStore
 
-SMALL_STORE = {"commitlog_segment_bytes": 1 << 24, "index_hash_slots": 1024, "index_max_entries": 8192,
-               "consume_queue_entries_per_file": 4096, "preallocate_next_segment": False}
-
-
-def small_config(path, **changes) -> NodeConfig:
-    base = dict(store_path=str(path), client_address="127.0.0.1:0", metrics_address="127.0.0.1:0",
-                ha_address="127.0.0.1:0",
-                store=dict(SMALL_STORE))
-    base.update(changes)
-    return NodeConfig(**base)
+from node_helpers import SMALL_STORE, small_config
 
 
 @pytest.fixture

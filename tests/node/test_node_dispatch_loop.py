@@ -19,7 +19,7 @@ from node.wire.protocol import RequestCode
 from node.server.role import Role
 from store import Message, MessageStore, StoreConfig
 
-from conftest import SMALL_STORE, small_config
+from node_helpers import SMALL_STORE, small_config
 
 
 def loop_store(path) -> MessageStore:

@@ -14,7 +14,7 @@ from node.client import open_admin
 from node.server.node import serve_node
 from node.wire.protocol import FrameDecoder, ResponseCode
 
-from conftest import small_config
+from node_helpers import small_config
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from node.errors import AuthError, ConnectionLostError, NotMasterError, RequestE
 from node.server.node import serve_node
 from node.server.role import Role
 
-from conftest import small_config
+from node_helpers import small_config
 
 
 @pytest.mark.trio

@@ -13,7 +13,7 @@ import yaml
 
 from node.client import OutgoingMessage, open_admin, open_producer
 
-from conftest import SMALL_STORE
+from node_helpers import SMALL_STORE
 
 
 def _free_port() -> int:
