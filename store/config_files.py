@@ -7,7 +7,9 @@
     config/consumerFilter.json    consumer filter data
 
 A reader gets the newest whole file: if the main file is missing or unreadable (a crash
-between writes can never make it so, but a disk can), the ``.bak`` copy is used.
+between writes can never make it so, but a disk can), the ``.bak`` copy is used. When both
+are unreadable the file is moved aside (``.damaged``) and rebuilt from the ``%SYS%CONFIG``
+records of the log (``config_rebuild``); nothing asks a person to remove a file.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import logging
 import os
 import threading
 
-from .errors import StoreCorruptError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class ConfigFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self.lock = threading.Lock()
+        self.damaged = False     # both copies unreadable at load: to be rebuilt from the log
+        self.missing = False     # neither copy existed at load
         self.data: dict = self._load()
 
     def _load(self) -> dict:
@@ -84,7 +87,15 @@ class ConfigFile:
             except (ValueError, UnicodeDecodeError) as error:
                 log.warning("%s is not valid JSON: %s", candidate, error)
         if os.path.exists(self.path):
-            raise StoreCorruptError(f"{self.path} and its .bak are both unreadable; fix or remove them")
+            # kept for a person to look at, out of the way; the store rebuilds the content from
+            # the %SYS%CONFIG records of its log (config_rebuild)
+            aside = f"{self.path}.damaged"
+            os.replace(self.path, aside)
+            log.warning("%s and its .bak are both unreadable; moved to %s, rebuilding it from the log",
+                        self.path, aside)
+            self.damaged = True
+        elif not os.path.exists(f"{self.path}.bak"):
+            self.missing = True
         return {}
 
     def persist(self) -> None:

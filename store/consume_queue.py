@@ -57,6 +57,7 @@ class ConsumeQueue:
         self.min_offset = 0           # first valid queue offset
         self.max_offset = 0           # one past the last entry
         self.dirty: set = set()       # files written since the last flush
+        self.suspect = ""             # why ``load`` found the entries inconsistent ('' if not)
 
     # --- loading -------------------------------------------------------------------------
     def load(self) -> None:
@@ -72,6 +73,37 @@ class ConsumeQueue:
         self.max_offset = (last.start_offset + self._end_position(last, start)) // ENTRY_BYTES
         if self.max_offset < self.min_offset:
             self.max_offset = self.min_offset
+        self.suspect = self._self_check(first, first_position)
+
+    def _self_check(self, first, first_position: int) -> str:
+        """Why the entries cannot be what a dispatcher wrote ('' if they can), without the
+        log: zeros before the first entry where filler belongs, a hole or filler between the
+        first and last entries, sizes out of range, commit log offsets not increasing.
+        Integrity rebuilds a suspect queue from the log."""
+        if first_position and first_position < first.size and first.mm[:ENTRY_BYTES] != FILLER:
+            return f"no filler before the first entry (queue offset {self.min_offset})"
+        if self.max_offset <= self.min_offset:
+            return ""
+        import numpy as np
+        dtype = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+        parts = []
+        for mapped in self.files.files:
+            low = max(self.min_offset * ENTRY_BYTES, mapped.start_offset)
+            high = min(self.max_offset * ENTRY_BYTES, mapped.end_offset)
+            if low < high:
+                parts.append(np.frombuffer(mapped.mm[low - mapped.start_offset:high - mapped.start_offset], dtype))
+        entries = np.concatenate(parts)
+        offsets, sizes = entries["offset"].astype(np.int64), entries["size"].astype(np.int64)
+        if bool(((sizes <= 0) | (sizes >= FILLER_SIZE)).any()):
+            return "a hole or filler between the first and last entries"
+        if bool((offsets < 0).any()) or (len(offsets) > 1 and bool((offsets[1:] < offsets[:-1] + sizes[:-1]).any())):
+            return "commit log offsets out of order"
+        last = self.files.files[-1]
+        end = self.max_offset * ENTRY_BYTES - last.start_offset
+        if 0 <= end < last.size and last.mm[end:min(last.size, end + 20 * ENTRY_BYTES)] != bytes(
+                min(last.size, end + 20 * ENTRY_BYTES) - end):
+            return "bytes after the last entry"
+        return ""
 
     @staticmethod
     def _size_at(mm, position: int) -> int:
@@ -157,7 +189,8 @@ class ConsumeQueue:
 
     # --- reading -------------------------------------------------------------------------
     def entries(self, queue_offset: int, max_count: int) -> list[QueueEntry]:
-        """Up to ``max_count`` entries from ``queue_offset`` (fewer at a file's end)."""
+        """Up to ``max_count`` entries from ``queue_offset`` (fewer at a file's end); an
+        entry of size FILLER_SIZE names no record (see ``integrity``)."""
         queue_offset = max(queue_offset, self.min_offset)
         count = min(max_count, self.max_offset - queue_offset)
         if count <= 0:
@@ -171,7 +204,9 @@ class ConsumeQueue:
         raw = mapped.mm[position:position + count * ENTRY_BYTES]
         result = []
         for index, (physical_offset, size, tags_code) in enumerate(ENTRY.iter_unpack(raw)):
-            if not 0 < size < FILLER_SIZE:
+            # filler past min_offset stands for a record a rebuild found unreadable: returned,
+            # so that readers report its offset as lost instead of stopping there
+            if size <= 0:
                 break
             result.append(QueueEntry(queue_offset + index, physical_offset, size, tags_code))
         return result

@@ -445,11 +445,13 @@ class IndexService:
         self.files: list[IndexFile] = []
         self.dirty = False
         self.repairs: list[str] = []   # what ``load`` repaired
+        self.directory_missing = False # ``load`` found no index directory
 
     def load(self) -> None:
         """Map every index file. One of the wrong size (a crash while it was created, or
         damage) is deleted: the index is derived from the log, and ``repairs`` tells the
         owner that entries may be missing (recovery then rebuilds the index)."""
+        self.directory_missing = not os.path.isdir(self.directory)
         os.makedirs(self.directory, exist_ok=True)
         self.repairs = []
         names = sorted(n for n in os.listdir(self.directory) if parse_index_file_name(n))

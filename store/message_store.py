@@ -34,6 +34,7 @@ from .dispatcher import ConsumeQueueTable, Dispatcher
 from .errors import DiskFullError, MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError, invariant
 from .flush import FlushService
 from .index_file import IndexService
+from .integrity import CorruptRecord, Integrity, IntegrityStatistics
 from .message import Message, PutResult, PutStatus
 from .put_batch import batch_columns, plain_batch_columns
 from .recovery import RecoveryReport, recover
@@ -72,6 +73,9 @@ class GetResult:
     next_offset: int
     min_offset: int
     max_offset: int
+    # records of this range that cannot be served (CRC failed, or lost): skipped, each named
+    # by queue offset, so a consumer moves past them knowingly (store/integrity.py)
+    corrupt: tuple[CorruptRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,7 @@ class StoreStatistics:
     put_bytes: int
     running: bool
     recovery: RecoveryReport | None
+    integrity: IntegrityStatistics | None = None
 
 
 class MessageStore:
@@ -106,6 +111,7 @@ class MessageStore:
         self.index = IndexService(os.path.join(root, "index"), config.index_hash_slots, config.index_max_entries)
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index, config.dispatch_batch_bytes_max,
                                      config.dispatch_interval_ms / 1000, threaded=config.dispatcher_thread)
+        self.integrity = Integrity(self.commit_log, self.queues, self.index, self.dispatcher)
         self.checkpoint: Checkpoint | None = None
         self.flusher: FlushService | None = None
         self.retention: Retention | None = None
@@ -148,6 +154,8 @@ class MessageStore:
             self.recovery = recover(self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint,
                                     abnormal=abnormal,
                                     cut_offset=intent.offset if intent is not None and intent.kind == CUT else None)
+            self.integrity.repair_at_start(index_missing=self.index.directory_missing)
+            self.integrity.rebuild_configs(self.configs)
             self.confirm_offset = min(self.checkpoint.state.confirm_phy_offset, self.commit_log.max_offset)
             self.flusher = FlushService(self.commit_log, self.dispatcher, self.checkpoint,
                                         sync=self.config.flush == "sync",
@@ -396,29 +404,22 @@ class MessageStore:
             return GetResult(GetStatus.OFFSET_OVERFLOW, [], max_offset, min_offset, max_offset)
         if queue_offset == max_offset:
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], queue_offset, min_offset, max_offset)
-        messages: list[StoredMessage] = []
-        next_offset = queue_offset
-        total_bytes = 0
         read_limit = self.confirm_offset if self.reads_up_to_confirm_offset else None
-        for entry in queue.entries(queue_offset, min(max_count, PULL_BATCH_MAX)):
-            if read_limit is not None and entry.physical_offset + entry.size > read_limit:
-                break  # not yet on every in-sync replica: a failover could still drop it
-            try:
-                message = self.commit_log.read_message(entry.physical_offset, check_crc=self.config.check_crc_on_read)
-            except StoreCorruptError:
-                if messages:
-                    break
-                raise
-            except MessageNotFound:
-                next_offset = entry.queue_offset + 1  # deleted by retention meanwhile
-                continue
-            messages.append(message)
-            next_offset = entry.queue_offset + 1
-            total_bytes += message.total_size
-            if total_bytes >= max_bytes:
-                break
+        count = min(max_count, PULL_BATCH_MAX)
+        read = self.integrity.read_queue(queue, queue_offset, count, check_crc=self.config.check_crc_on_read,
+                                         read_limit=read_limit, max_bytes=max_bytes)
+        if read.damaged:   # the consume queue disagrees with the log: rebuilt from it, read again
+            log.warning("consume queue %s/%d: %s; rebuilding it from the log", topic, queue_id, read.damaged)
+            self.integrity.rebuild_queues({(topic, queue_id)})
+            queue = self.queues.get(topic, queue_id)
+            read = self.integrity.read_queue(queue, queue_offset, count, check_crc=self.config.check_crc_on_read,
+                                             read_limit=read_limit, max_bytes=max_bytes)
+            if read.damaged:
+                raise StoreCorruptError(f"consume queue {topic}/{queue_id} still disagrees with the log after "
+                                        f"a rebuild: {read.damaged}")
+        messages, next_offset = read.messages, read.next_offset
         status = GetStatus.FOUND if messages else GetStatus.NO_NEW_MESSAGE
-        return GetResult(status, messages, next_offset, min_offset, max_offset)
+        return GetResult(status, messages, next_offset, min_offset, max_offset, tuple(read.corrupt))
 
     def get(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32) -> list[StoredMessage]:
         """Decoded messages of one queue from ``queue_offset`` (see ``pull`` for the details)."""
@@ -666,7 +667,7 @@ class MessageStore:
             segments=len(self.commit_log.segments.files), consume_queues=len(self.queues.queues),
             index_files=len(self.index.files), put_messages=self.commit_log.put_messages,
             put_bytes=self.commit_log.put_bytes,
-            running=self._running, recovery=self.recovery,
+            running=self._running, recovery=self.recovery, integrity=self.integrity.statistics(),
         )
 
     def wait_dispatched(self, offset: int | None = None, timeout_s: float = 10.0) -> bool:

@@ -237,6 +237,63 @@ def verify(root: str, hash_slots: int | None = None) -> tuple[list[Problem], dic
             if not any(offset in view.chain_offsets(key_hash) for view in views):
                 problems.append(Problem(os.path.join(root, "index"), offset,
                                         f"key {key!r} of the message at {offset} is not in any index file"))
+    keyed = [offset for offset, message in messages.items() if message.keys or message.uniq_key]
+    if keyed and not views:
+        problems.append(Problem(os.path.join(root, "index"), keyed[0],
+                                f"no index file, but {len(keyed)} message(s) have keys: start rebuilds the index"))
+    problems.extend(_start_repairs(root, hash_slots, any(m.topic == "%SYS%CONFIG" for m in messages.values())))
     summary = {"messages": len(messages), "log_end_offset": log_end, "consume_queue_entries": checked_entries,
                "index_keys_checked": checked_keys, "index_files": len(views), "problems": len(problems)}
     return problems, summary
+
+
+def _start_repairs(root: str, hash_slots: int | None, has_config_records: bool) -> list[Problem]:
+    """What a start would repair besides the indexes: short or empty last files left by a
+    crash, index files of the wrong size, an unreadable checkpoint, config files unreadable
+    in both copies (or missing while the log holds %SYS%CONFIG records)."""
+    problems = []
+    layout = store_layout(root)
+    sizes = [(os.path.join(root, "commitlog"), layout.get("commitlog_segment_bytes"))]
+    sizes += [(directory, (layout.get("consume_queue_entries_per_file") or 0) * CQ_ENTRY_BYTES or None)
+              for _, _, directory in consume_queue_dirs(root)]
+    for directory, expected in sizes:
+        files = segment_paths(directory)
+        if not files or not expected:
+            continue
+        start, path = files[-1]
+        actual = os.path.getsize(path)
+        if actual != expected:
+            what = "empty: start deletes it" if actual == 0 else "short: start deletes it if it holds no data, else extends it"
+            problems.append(Problem(path, start, f"last file is {actual} bytes of {expected}, {what}"))
+    slots, entries = hash_slots or layout.get("index_hash_slots"), layout.get("index_max_entries")
+    if slots and entries:
+        expected = INDEX_HEADER_BYTES + 4 * slots + INDEX_ENTRY_BYTES * entries
+        base = os.path.join(root, "index")
+        for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+            path = os.path.join(base, name)
+            if parse_index_file_name(name) and os.path.getsize(path) != expected:
+                problems.append(Problem(path, 0, f"index file of {os.path.getsize(path)} bytes, expected {expected}: "
+                                                 "start deletes it and rebuilds the index"))
+    checkpoint = read_checkpoint(root)
+    if checkpoint is not None and not checkpoint[1] and os.path.getsize(os.path.join(root, "checkpoint")):
+        problems.append(Problem(os.path.join(root, "checkpoint"), 0,
+                                "no copy of the checkpoint checks out: start scans the last segments"))
+    for name in ("topics.json", "consumerOffset.json"):
+        path = os.path.join(root, "config", name)
+        copies = [p for p in (path, path + ".bak") if os.path.exists(p)]
+        readable = [p for p in copies if _json_object(p)]
+        if copies and not readable:
+            problems.append(Problem(path, 0, "unreadable, and so is its .bak: start rebuilds it from the "
+                                             "%SYS%CONFIG records of the log"))
+        elif not copies and has_config_records:
+            problems.append(Problem(path, 0, "missing while the log holds %SYS%CONFIG records: start rebuilds it"))
+    return problems
+
+
+def _json_object(path: str) -> bool:
+    import json
+    try:
+        with open(path, "rb") as handle:
+            return isinstance(json.loads(handle.read() or b"{}"), dict)
+    except (ValueError, UnicodeDecodeError, OSError):
+        return False

@@ -227,10 +227,14 @@ def test_flipped_flushed_body_is_never_served(open_store, tmp_path):
     store.shutdown()
     flip(path, results[2].physical_offset + 88 + 2, 0x01)          # a byte of message 2's body
     store = open_store(store_path=path, flush="sync")
-    with pytest.raises(StoreCorruptError):
-        store.get("T", 0, 2, 1)
-    assert [m.body for m in store.get("T", 0, 0, 10)] == [b"body-0", b"body-1"]   # stops before it
-    assert [m.body for m in store.get("T", 0, 3, 10)] == [b"body-3", b"body-4"]
+    # never served, never blocking: skipped and named by its queue offset
+    result = store.pull("T", 0, 2, 1)
+    assert result.messages == [] and result.next_offset == 3
+    assert [(c.queue_offset, c.physical_offset) for c in result.corrupt] == [(2, results[2].physical_offset)]
+    result = store.pull("T", 0, 0, 10)
+    assert [m.body for m in result.messages] == [b"body-0", b"body-1", b"body-3", b"body-4"]
+    assert [c.queue_offset for c in result.corrupt] == [2] and result.next_offset == 5
+    assert store.statistics().integrity.corrupt_records_found == 1
     with pytest.raises(StoreCorruptError):
         store.get_by_message_id(results[2].message_id)
     assert store.query_by_key("T", "k2") == []
@@ -244,8 +248,8 @@ def test_flipped_header_byte_is_never_served(open_store, tmp_path):
     store.shutdown()
     flip(path, results[1].physical_offset + 72, 0x04)              # RECONSUMETIMES: only HCRC covers it
     store = open_store(store_path=path)
-    with pytest.raises(StoreCorruptError):
-        store.get("T", 0, 1, 1)
+    result = store.pull("T", 0, 1, 1)
+    assert result.messages == [] and [c.queue_offset for c in result.corrupt] == [1]
 
 
 def test_garbage_checkpoint_falls_back_to_scanning(open_store, tmp_path):

@@ -253,14 +253,14 @@ def test_config_files_atomic_with_backup(open_store, tmp_path):
     assert store.configs["topics.json"].data == {"Orders": {"queues": 8}}
 
 
-def test_config_file_both_copies_bad_is_an_error(tmp_path):
-    from store import StoreCorruptError
+def test_config_file_both_copies_bad_is_moved_aside_and_marked_for_rebuild(tmp_path):
     from store.config_files import ConfigFile
     path = tmp_path / "c.json"
     path.write_bytes(b"not json")
     (tmp_path / "c.json.bak").write_bytes(b"[1, 2]")
-    with pytest.raises(StoreCorruptError):
-        ConfigFile(str(path))
+    config_file = ConfigFile(str(path))
+    assert config_file.damaged and config_file.data == {}
+    assert (tmp_path / "c.json.damaged").read_bytes() == b"not json"   # kept for a person, out of the way
 
 
 # --- retention ------------------------------------------------------------------------------
