@@ -7,10 +7,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 import trio
 
 from chaos import DrillSettings, run_failover_drill
 from chaos.drill import read_topic_keys
+
+pytestmark = pytest.mark.integration   # a controller-mode local cluster: ZooKeeper, controllers and node processes
 
 
 def test_two_rounds_fail_over_without_losing_an_acked_message(controller_cluster):

@@ -6,9 +6,13 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from node.cluster.cli import LocalCluster
 
 from cluster_helpers import hastore, node_status, process_alive
+
+pytestmark = pytest.mark.integration   # local clusters of node processes, and the hastore command in a process
 
 
 def test_up_status_down_with_static_roles(cluster_dir, tmp_path):

@@ -8,9 +8,13 @@ import json
 import os
 import time
 
+import pytest
+
 from node.cluster.cli import LocalCluster
 
 from cluster_helpers import hastore, node_status, process_alive
+
+pytestmark = pytest.mark.integration   # a local cluster with ZooKeeper, controllers and node processes
 
 
 def test_up_with_no_config_runs_zookeeper_two_controllers_and_three_nodes(cluster_dir):

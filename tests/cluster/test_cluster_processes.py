@@ -14,6 +14,8 @@ from node.cluster.cli import ClusterError, ClusterStartError, LocalCluster
 
 from cluster_helpers import hastore, node_status, process_alive, small_topology
 
+pytestmark = pytest.mark.integration   # local clusters of node processes
+
 
 def _states(cluster: LocalCluster) -> dict[str, str]:
     return {item.spec.name: item.state for item in cluster.status(timeout_s=1.0)}

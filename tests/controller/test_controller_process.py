@@ -15,6 +15,8 @@ from controller_fakes import SESSION_TIMEOUT_MS, Harness, wait_until
 
 from controller.cli import controller_group
 
+pytestmark = pytest.mark.integration   # ZooKeeper, controller and agent processes
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 HASTORE = os.path.join(os.path.dirname(sys.executable), "hastore")
 

@@ -16,6 +16,8 @@ from kazoo.client import KazooState
 from controller import (DeposedMasterError, FencedError, MasterRecord, NoMasterError, Outcome, SyncStateSet,
                         ZooKeeperServer, decide, expire_session, find_master, layout, read_group, znodes)
 
+pytestmark = pytest.mark.integration   # a real ZooKeeper
+
 GROUP = "g1"
 
 

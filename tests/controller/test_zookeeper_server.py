@@ -9,6 +9,8 @@ from kazoo.client import KazooClient
 
 from controller import ZooKeeperServer, ZooKeeperServerError
 
+pytestmark = pytest.mark.integration   # starts ZooKeeper servers
+
 
 def test_start_stop_restart_keeps_data_and_port(tmp_path):
     server = ZooKeeperServer(tmp_path / "zk", tick_ms=200, die_with_parent=True)

@@ -189,6 +189,7 @@ async def test_zero_window_never_polls(pair):
     assert busy.reader(ours).read(1024) is None
 
 
+@pytest.mark.integration   # two node processes, and hastore status in a process
 def test_a_node_reads_a_one_at_a_time_client_by_polling_and_reports_it(node_process):
     polling = node_process("polling", busy_poll_us=10_000)
     quiet = node_process("quiet", busy_poll_us=0)

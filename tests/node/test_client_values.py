@@ -40,6 +40,7 @@ def test_uniq_keys_are_32_hex_digits_and_never_repeat():
     assert all(re.fullmatch(r"[0-9A-F]{32}", key) for key in keys)
 
 
+@pytest.mark.integration   # forks a child process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_makes_keys_of_its_own():
     read_end, write_end = os.pipe()

@@ -8,6 +8,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration   # runs hastore bench produce in a process
+
 
 def test_bench_produce_runs_every_phase_and_prints_its_figures():
     done = subprocess.run([sys.executable, "-m", "node.cli", "bench", "produce", "--json", "--runs", "2",

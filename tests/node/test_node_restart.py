@@ -15,6 +15,8 @@ from node.client import OutgoingMessage, open_admin, open_producer
 
 from node_helpers import SMALL_STORE
 
+pytestmark = pytest.mark.integration   # node processes killed and restarted
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -12,6 +12,8 @@ from node.errors import ClientClosedError, ConnectionLostError, RequestError, Re
 from node.cluster.process import free_port
 from node.client import SyncAdmin, SyncConsumer, SyncProducer
 
+pytestmark = pytest.mark.integration   # node processes
+
 
 def test_produce_consume_commit_and_query(node_process):
     node = node_process()

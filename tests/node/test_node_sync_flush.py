@@ -4,8 +4,12 @@ when the disk does not confirm them within ``sync_flush_timeout_ms``."""
 
 import time
 
+import pytest
+
 from node.client import OutgoingMessage
 from node.client import SyncAdmin, SyncProducer
+
+pytestmark = pytest.mark.integration   # node processes
 
 
 def _send_then_flushed(address: str, messages: list[OutgoingMessage]) -> tuple[list, int]:

@@ -15,7 +15,7 @@ from node.cluster.process import NodeProcess, free_port
 
 from replication_helpers import SMALL_STORE
 
-pytestmark = pytest.mark.trio
+pytestmark = [pytest.mark.trio, pytest.mark.integration]   # node processes replicating over real sockets
 
 SECRET = "s3cret"
 

@@ -349,6 +349,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration   # a writer process killed with SIGKILL
 def test_sigkill_mid_run_keeps_every_acknowledged_message(tmp_path):
     path = str(tmp_path / "s")
     process = subprocess.Popen([sys.executable, "-c", WRITER, path], stdout=subprocess.PIPE, text=True,
