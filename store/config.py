@@ -35,6 +35,12 @@ class StoreConfig:
     file_reserved_hours: float = 72.0
     disk_max_used_ratio: float = 0.75
     retention_check_interval_ms: int = 10_000
+    # What a disk fuller than disk_max_used_ratio does: "delete_oldest" segments (logging
+    # and counting any message a consumer group had not read), or "refuse_writes": keep
+    # every message and refuse puts once the disk is full.
+    disk_full_policy: str = "delete_oldest"
+    # Background scrub (store/scrub.py): flushed CommitLog bytes re-read and CRC-checked per second.
+    scrub_bytes_per_s: int = 8 * 1024 * 1024
     # Dispatcher batch bound: bytes of CommitLog read per pass.
     dispatch_batch_bytes_max: int = 4 * 1024 * 1024
     # Woken by a write, the dispatcher waits this long before its pass, so the writes of
@@ -65,6 +71,10 @@ class StoreConfig:
                 problems.append(f"{name} must be positive")
         if not 0 <= self.dispatch_interval_ms <= 1000:
             problems.append("dispatch_interval_ms must be between 0 and 1000")
+        if self.disk_full_policy not in ("delete_oldest", "refuse_writes"):
+            problems.append(f"disk_full_policy must be 'delete_oldest' or 'refuse_writes', not {self.disk_full_policy!r}")
+        if self.scrub_bytes_per_s <= 0:
+            problems.append("scrub_bytes_per_s must be positive")
         if self.file_reserved_hours <= 0:
             problems.append("file_reserved_hours must be positive")
         if not 0.1 <= self.disk_max_used_ratio <= 0.99:

@@ -62,8 +62,9 @@ class IntegrityStatistics:
     consume_queues_rebuilt: int
     index_rebuilds: int
     config_files_rebuilt: int
-    corrupt_records_found: int
+    corrupt_records_found: int                     # distinct corrupt records seen and not since repaired
     corrupt_records: tuple[CorruptRecord, ...]     # the newest, at most CORRUPT_OFFSETS_KEPT
+    ranges_repaired: int
     repairs: tuple[str, ...]                       # what start repaired, in words
 
 
@@ -93,6 +94,7 @@ class Integrity:
         self.consume_queues_rebuilt = 0
         self.index_rebuilds = 0
         self.config_files_rebuilt = 0
+        self.ranges_repaired = 0        # ranges written back from an intact copy
         self.repairs: list[str] = []
 
     # --- start ---------------------------------------------------------------------------
@@ -249,10 +251,21 @@ class Integrity:
                 self._corrupt.append(CorruptRecord("", -1, -1, physical_offset, reason))
                 log.warning("corrupt record in the commit log at offset %d: %s", physical_offset, reason)
 
+    def forget_corrupt(self, start: int, end: int) -> None:
+        """Records in [start, end) were repaired (``repair.overwrite_range``): no longer named."""
+        with self._lock:
+            repaired = [r for r in self._corrupt if start <= r.physical_offset < end]
+            for record in repaired:
+                self._corrupt.remove(record)
+                self._corrupt_seen.discard((record.topic, record.queue_id, record.queue_offset))
+                self._corrupt_seen.discard(("", -1, record.physical_offset))
+            self.ranges_repaired += 1
+
     def statistics(self) -> IntegrityStatistics:
         with self._lock:
             return IntegrityStatistics(self.consume_queues_rebuilt, self.index_rebuilds, self.config_files_rebuilt,
-                                       len(self._corrupt_seen), tuple(self._corrupt), tuple(self.repairs))
+                                       len(self._corrupt_seen), tuple(self._corrupt), self.ranges_repaired,
+                                       tuple(self.repairs))
 
 
 _FILLER_RUN = codec.struct.pack(">qiq", 0, FILLER_SIZE, 0)

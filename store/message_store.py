@@ -175,7 +175,9 @@ class MessageStore:
             self.retention = Retention(self.commit_log, self.queues, self.index, self.dispatcher, self.root,
                                        file_reserved_hours=self.config.file_reserved_hours,
                                        disk_max_used_ratio=self.config.disk_max_used_ratio,
-                                       interval_ms=self.config.retention_check_interval_ms)
+                                       interval_ms=self.config.retention_check_interval_ms,
+                                       disk_full_policy=self.config.disk_full_policy,
+                                       consumer_offsets=lambda: dict(self.configs["consumerOffset.json"].data))
             self.commit_log.segments.request_ahead()
             self.dispatcher.start()
             self.flusher.start()

@@ -1,10 +1,17 @@
 """Retention: delete old CommitLog segments, then the ConsumeQueue and IndexFile files below them.
 
-A segment goes when it is older than ``file_reserved_hours`` or when the disk holding the
-store is fuller than ``disk_max_used_ratio`` (oldest first, until it is not). A segment's
-age is the store time of the first message in the *next* segment: store timestamps never
-go backwards, so every message in a segment is at least that old. Never deleted: the last
-segment, and any segment not yet wholly flushed and dispatched.
+A segment goes when it is older than ``file_reserved_hours`` or, under the disk-full
+policy ``delete_oldest`` (the default), when the disk holding the store is fuller than
+``disk_max_used_ratio`` (oldest first, until it is not). Under ``refuse_writes`` a full
+disk deletes nothing: puts are refused (SERVICE_NOT_AVAILABLE, "no room on disk") until
+space is freed. A segment's age is the store time of the first message in the *next*
+segment: store timestamps never go backwards, so every message in a segment is at least
+that old. Never deleted: the last segment, and any segment not yet wholly flushed and
+dispatched.
+
+Deleting messages a consumer group has not read yet is a loss: each pass that does it
+logs a WARNING naming every group, queue and the queue offsets lost, and counts them
+(``unconsumed_messages_deleted``).
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+
+from typing import Callable
 
 from . import codec
 from .commit_log import CommitLog, now_ms
@@ -24,7 +33,10 @@ log = logging.getLogger(__name__)
 class Retention:
     def __init__(self, commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService,
                  dispatcher: Dispatcher, root: str, *, file_reserved_hours: float, disk_max_used_ratio: float,
-                 interval_ms: int) -> None:
+                 interval_ms: int, disk_full_policy: str = "delete_oldest",
+                 consumer_offsets: Callable[[], dict] | None = None) -> None:
+        """``consumer_offsets()`` returns consumerOffset.json's table ({"topic@group":
+        {"queue id": next offset}}), read to name what a deletion takes from consumers."""
         self.commit_log = commit_log
         self.queues = queues
         self.index = index
@@ -34,6 +46,9 @@ class Retention:
         self.disk_max_used_ratio = disk_max_used_ratio
         self.interval_s = interval_ms / 1000
         self.deleted_segments = 0
+        self.disk_full_policy = disk_full_policy
+        self.consumer_offsets = consumer_offsets
+        self.unconsumed_messages_deleted = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -54,7 +69,9 @@ class Retention:
         now = now_ms() if now is None else now
         files = self.commit_log.segments.files
         safe_end = min(self.commit_log.flushed_offset, self.dispatcher.dispatched_offset)
-        bytes_to_free = max(0.0, self.disk_used_ratio() - self.disk_max_used_ratio) * self._disk_bytes()
+        bytes_to_free = 0.0
+        if self.disk_full_policy == "delete_oldest":
+            bytes_to_free = max(0.0, self.disk_used_ratio() - self.disk_max_used_ratio) * self._disk_bytes()
         doomed = 0
         for segment, following in zip(files, files[1:]):
             if segment.end_offset > safe_end:
@@ -67,14 +84,38 @@ class Retention:
             bytes_to_free -= segment.size
         if not doomed:
             return 0
+        lost = self._unconsumed_below(files[doomed].start_offset)
         removed = self.commit_log.segments.delete_front(doomed)
         floor = self.commit_log.min_offset
+        if lost:
+            count = sum(last - first for _, _, _, first, last in lost)
+            self.unconsumed_messages_deleted += count
+            log.warning("retention deleted %d message(s) consumer groups had not read: %s", count, "; ".join(
+                f"group {group} {topic}/{queue_id} queue offsets [{first}, {last})"
+                for group, topic, queue_id, first, last in lost))
         for queue in self.queues.all():
             queue.delete_below_physical(floor)
         self.index.delete_below_physical(floor)
         self.deleted_segments += len(removed)
         log.info("retention deleted %d segment(s); commit log now starts at %d", len(removed), floor)
         return len(removed)
+
+    def _unconsumed_below(self, floor: int) -> list[tuple[str, str, int, int, int]]:
+        """(group, topic, queue id, first, end) of the queue offsets a group has not read
+        whose messages lie below ``floor``."""
+        if self.consumer_offsets is None:
+            return []
+        lost = []
+        for key, table in sorted(self.consumer_offsets().items()):
+            topic, _, group = key.rpartition("@")
+            for queue_text, committed in sorted(table.items()):
+                queue = self.queues.get(topic, int(queue_text)) if str(queue_text).isdigit() else None
+                if queue is None or not isinstance(committed, int):
+                    continue
+                end = _first_at_or_above(queue, floor)
+                if committed < end:
+                    lost.append((group, topic, int(queue_text), max(committed, queue.min_offset), end))
+        return [item for item in lost if item[4] > item[3]]
 
     def _disk_bytes(self) -> int:
         stats = os.statvfs(self.root)
@@ -97,3 +138,15 @@ class Retention:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+
+
+def _first_at_or_above(queue, floor: int) -> int:
+    """The first queue offset whose message lies at or above ``floor`` (binary search)."""
+    low, high = queue.min_offset, queue.max_offset
+    while low < high:
+        middle = (low + high) // 2
+        if queue.physical_offset_at(middle) < floor:
+            low = middle + 1
+        else:
+            high = middle
+    return low

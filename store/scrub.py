@@ -1,0 +1,111 @@
+"""Scrub: re-read the flushed CommitLog and check every record's CRCs, at a bounded rate.
+
+A flipped bit in a record nobody reads stays unseen until a consumer reaches it (or
+never, for a queue read long ago). The scrub walks the flushed log from its first offset
+to the flushed offset and around again, checking each record as a read would (BODYCRC,
+__CRC32# or HCRC, every length). A corrupt record is counted and named by physical
+offset in the store's integrity statistics (and so in status, metrics and the log), which
+is what a replica repair picks up (``repair.overwrite_range``).
+
+No thread of its own: the owner calls ``step(now_s)`` from whatever loop it runs (the
+node's dispatch loop, a timer). Each step checks at most what the rate allows since the
+previous one (``bytes_per_s``; at most one second's worth after a long pause) and returns
+at once when nothing is due. Progress is in ``statistics()``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from . import codec
+from .codec import CorruptMessage
+from .commit_log import CommitLog
+from .integrity import Integrity
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubStatistics:
+    position: int                 # next offset to check
+    passes_completed: int         # whole walks over the flushed log
+    bytes_checked: int
+    records_checked: int
+    corrupt_records_found: int
+    bytes_per_s: int
+
+
+class Scrub:
+    """Bounded-rate CRC walk over the flushed CommitLog."""
+
+    def __init__(self, commit_log: CommitLog, integrity: Integrity, *, bytes_per_s: int) -> None:
+        if bytes_per_s <= 0:
+            raise ValueError("bytes_per_s must be positive")
+        self.commit_log = commit_log
+        self.integrity = integrity
+        self.bytes_per_s = bytes_per_s
+        self.position = commit_log.min_offset
+        self.passes_completed = 0
+        self.bytes_checked = 0
+        self.records_checked = 0
+        self.corrupt_records_found = 0
+        self._last_step_s: float | None = None
+
+    def step(self, now_s: float | None = None) -> int:
+        """Check the records the rate allows since the last step; return the bytes checked."""
+        now_s = time.monotonic() if now_s is None else now_s
+        if self._last_step_s is None:
+            self._last_step_s = now_s
+            return 0
+        budget = int(min(1.0, max(0.0, now_s - self._last_step_s)) * self.bytes_per_s)
+        if budget <= 0:
+            return 0
+        self._last_step_s = now_s
+        return self.check(budget)
+
+    def check(self, budget_bytes: int) -> int:
+        """Check records from ``position`` for up to ``budget_bytes`` (at least one record)."""
+        checked = 0
+        log_min, flushed = self.commit_log.min_offset, self.commit_log.flushed_offset
+        if self.position < log_min:
+            self.position = log_min      # retention removed what was ahead of us
+        while checked < budget_bytes:
+            if self.position >= flushed:
+                if flushed > log_min:
+                    self.passes_completed += 1
+                self.position = log_min
+                break
+            segment = self.commit_log.segments.find(self.position)
+            if segment is None:
+                self.position = log_min
+                break
+            step = self._check_record(segment, self.position - segment.start_offset)
+            checked += step
+            self.position += step
+        self.bytes_checked += checked
+        return checked
+
+    def _check_record(self, segment, at: int) -> int:
+        """Bytes to step over from ``at``: the record, or the rest of the segment when its
+        lengths cannot be trusted (reported as corrupt)."""
+        mm = segment.mm
+        try:
+            header = codec.check_record(mm, at, segment.size, check_crc=False)
+        except CorruptMessage as error:
+            self._found(segment.start_offset + at, f"unreadable record, rest of segment skipped: {error}")
+            return max(1, segment.size - at)
+        if header.is_blank:
+            return header.total_size
+        self.records_checked += 1
+        try:
+            codec.check_record(mm, at, segment.size, check_crc=True)
+        except CorruptMessage as error:
+            self._found(segment.start_offset + at, str(error))
+        return header.total_size
+
+    def _found(self, physical_offset: int, reason: str) -> None:
+        self.corrupt_records_found += 1
+        self.integrity.note_corrupt_physical(physical_offset, f"scrub: {reason}")
+
+    def statistics(self) -> ScrubStatistics:
+        return ScrubStatistics(self.position, self.passes_completed, self.bytes_checked, self.records_checked,
+                               self.corrupt_records_found, self.bytes_per_s)
