@@ -9,3 +9,11 @@ class ChaosError(Exception):
 
 class DrillError(ChaosError):
     """A drill cannot run (no cluster, not in controller mode, no master to kill)."""
+
+
+class NemesisError(ChaosError):
+    """A fault cannot be started (no such kind or target, a proxied fault on an unproxied cluster)."""
+
+
+class RunError(ChaosError):
+    """A chaos run cannot start or go on (no cluster, not in controller mode, no master)."""
