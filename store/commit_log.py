@@ -20,7 +20,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import accumulate, repeat
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from . import codec
 from .codec import CorruptMessage, StoredMessage
@@ -70,11 +70,11 @@ class WrittenRuns:
     by replication or found by recovery is walked. Bounded: when the dispatcher falls far
     behind, the oldest runs are dropped and it walks those records instead. Appended by
     the writer under its lock, taken by the dispatcher under its own: a deque's ``append``
-    and ``popleft`` need no lock between the two.
+    and ``popleft`` need no lock between the two. ``runs_max`` bounds the runs kept.
     """
 
-    def __init__(self) -> None:
-        self._runs: deque[tuple[int, int, list[int]]] = deque(maxlen=WRITTEN_RUNS_MAX)
+    def __init__(self, runs_max: int = WRITTEN_RUNS_MAX) -> None:
+        self._runs: deque[tuple[int, int, list[int]]] = deque(maxlen=runs_max)
 
     def add(self, offsets: list[int], end: int) -> None:
         if offsets:
@@ -111,13 +111,17 @@ class WrittenRuns:
 
 
 def now_ms() -> int:
+    """Wall-clock time in milliseconds: the store time of what is written now."""
     return time.time_ns() // 1_000_000
 
 
 class CommitLog:
-    """Append-only message log over a MappedFileQueue of segments."""
+    """Append-only message log over a MappedFileQueue of segments. ``clock`` gives the
+    store time in milliseconds (tests pass a fixed one to compare bytes)."""
 
-    def __init__(self, directory: str, segment_bytes: int, store_host: str, *, preallocate: bool = True) -> None:
+    def __init__(self, directory: str, segment_bytes: int, store_host: str, *, preallocate: bool = True,
+                 clock: Callable[[], int] = now_ms) -> None:
+        self.clock = clock
         self.segments = MappedFileQueue(directory, segment_bytes, preallocate=preallocate)
         self.segment_bytes = segment_bytes
         self.store_host = store_host
@@ -170,7 +174,7 @@ class CommitLog:
         than the last one, so store times follow the log's order."""
         if self._closed:
             raise StoreError("commit log is closed")
-        self.last_store_timestamp = max(now_ms(), self.last_store_timestamp)
+        self.last_store_timestamp = max(self.clock(), self.last_store_timestamp)
         return self.last_store_timestamp
 
     def _populate_ahead(self) -> None:

@@ -142,11 +142,16 @@ class ConsumeQueueTable:
 
 class Dispatcher:
     """Builds the indexes from the CommitLog, synchronously (``dispatch_available``), on a
-    thread (``threaded``), or in its owner's loop (``dispatch_pass``)."""
+    thread (``threaded``), or in its owner's loop (``dispatch_pass``). Passes of at least
+    ``alike_records_min`` records try the records-alike parser, of at least
+    ``columns_records_min`` the column parser; smaller ones go one record at a time."""
 
     def __init__(self, commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService,
-                 batch_bytes_max: int, interval_s: float = 0.0, *, threaded: bool = True) -> None:
+                 batch_bytes_max: int, interval_s: float = 0.0, *, threaded: bool = True,
+                 alike_records_min: int = _ALIKE_RECORDS_MIN, columns_records_min: int = _COLUMNS_RECORDS_MIN) -> None:
         self.commit_log = commit_log
+        self.alike_records_min = alike_records_min
+        self.columns_records_min = columns_records_min
         self.interval_s = interval_s
         self.queues = queues
         self.index = index
@@ -222,10 +227,10 @@ class Dispatcher:
     def _parse(self, buffer, positions: list[int]) -> DispatchBatch:
         parser = self._parser
         batch = None
-        if len(positions) >= _ALIKE_RECORDS_MIN:
+        if len(positions) >= self.alike_records_min:
             batch = parser.parse_alike(buffer, positions)
         if batch is None:
-            batch = (parser.parse_each if len(positions) < _COLUMNS_RECORDS_MIN else parser.parse)(buffer, positions)
+            batch = (parser.parse_each if len(positions) < self.columns_records_min else parser.parse)(buffer, positions)
         return batch
 
     def _write(self, batch: DispatchBatch) -> set[tuple[str, int]]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from . import codec
 from .checkpoint import Checkpoint, CheckpointState
 from .codec import CorruptMessage, StoredMessage
-from .commit_log import CommitLog, PreparedMessage
+from .commit_log import CommitLog, PreparedMessage, now_ms
 from .config import StoreConfig
 from .config_files import ConfigStore, fsync_directory, write_atomically
 from .dispatcher import ConsumeQueueTable, Dispatcher
@@ -99,14 +99,15 @@ class StoreStatistics:
 
 
 class MessageStore:
-    """The storage engine: put, pull, query, recover. See the package docstring for the API."""
+    """The storage engine: put, pull, query, recover. See the package docstring for the API.
+    ``clock`` gives the store time in milliseconds of what is written (the wall clock)."""
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, *, clock=now_ms) -> None:
         self.config = config
         root = config.store_path
         self.root = root
         self.commit_log = CommitLog(os.path.join(root, "commitlog"), config.commitlog_segment_bytes,
-                                    config.store_host, preallocate=config.preallocate_next_segment)
+                                    config.store_host, preallocate=config.preallocate_next_segment, clock=clock)
         self.queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), config.consume_queue_entries_per_file)
         self.index = IndexService(os.path.join(root, "index"), config.index_hash_slots, config.index_max_entries)
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index, config.dispatch_batch_bytes_max,

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from store import Message, codec, commit_log as commit_log_module, dispatch_batch, dispatcher as dispatcher_module
+from store import Message, codec, commit_log as commit_log_module, dispatch_batch
 from store.dispatch_batch import DispatchParser
 from store.dispatcher import ConsumeQueueTable, Dispatcher
 from store.index_file import IndexFile, IndexService
@@ -229,14 +229,15 @@ class Rebuilt(NamedTuple):
     tree: list                 # tree_bytes of what was built
 
 
-def dispatch_afresh(commit_log, root: str, batch_bytes_max: int) -> Rebuilt:
+def dispatch_afresh(commit_log, root: str, batch_bytes_max: int, **records_min) -> Rebuilt:
     """Build a fresh ConsumeQueue and IndexFile tree under ``root`` from the whole of
-    ``commit_log``, with a Dispatcher of its own (passes of ``batch_bytes_max``)."""
+    ``commit_log``, with a Dispatcher of its own (passes of ``batch_bytes_max``; its
+    ``alike_records_min`` and ``columns_records_min`` if given)."""
     queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), 64)
     index = IndexService(os.path.join(root, "index"), 64, 900)
     queues.load()
     index.load()
-    dispatcher = Dispatcher(commit_log, queues, index, batch_bytes_max)
+    dispatcher = Dispatcher(commit_log, queues, index, batch_bytes_max, **records_min)
     count = dispatcher.catch_up()
     index_files = len(index.files)
     queues.close()
@@ -244,7 +245,7 @@ def dispatch_afresh(commit_log, root: str, batch_bytes_max: int) -> Rebuilt:
     return Rebuilt(count, dispatcher.dispatched_offset, index_files, tree_bytes(root))
 
 
-def test_dispatchers_build_identical_files(open_store, tmp_path, monkeypatch):
+def test_dispatchers_build_identical_files(open_store, tmp_path):
     store = open_store(commitlog_segment_bytes=64 * 1024)       # many segments, blank records
     store.dispatcher.stop()
     rng = random.Random(11)
@@ -259,9 +260,8 @@ def test_dispatchers_build_identical_files(open_store, tmp_path, monkeypatch):
         assert [result.reason for result in store.append(messages) if not result.status.ok] == []
     built = {}
     for name, records_min in (("columns", 1), ("each", 10**9)):
-        monkeypatch.setattr(dispatcher_module, "_COLUMNS_RECORDS_MIN", records_min)
-        monkeypatch.setattr(dispatcher_module, "_ALIKE_RECORDS_MIN", records_min)
-        rebuilt = dispatch_afresh(store.commit_log, str(tmp_path / name), 50_000)
+        rebuilt = dispatch_afresh(store.commit_log, str(tmp_path / name), 50_000,
+                                  alike_records_min=records_min, columns_records_min=records_min)
         assert rebuilt.count == 1200
         assert rebuilt.dispatched_offset == store.commit_log.max_offset
         assert rebuilt.index_files > 1                           # files rolled over
@@ -289,9 +289,9 @@ def test_written_runs_give_offsets_only_where_they_cover_the_log():
     assert runs.take(700, 1000) is None
 
 
-def test_written_runs_are_bounded(monkeypatch):
-    monkeypatch.setattr(commit_log_module, "WRITTEN_RUNS_MAX", 3)
-    runs = commit_log_module.WrittenRuns()
+def test_written_runs_are_bounded():
+    assert commit_log_module.WrittenRuns()._runs.maxlen == commit_log_module.WRITTEN_RUNS_MAX
+    runs = commit_log_module.WrittenRuns(runs_max=3)
     for start in range(0, 50, 10):
         runs.add([start], start + 10)
     assert runs.take(0, 100) is None                            # the oldest were dropped: walk them

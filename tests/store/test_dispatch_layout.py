@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from store import Message, dispatcher as dispatcher_module
+from store import Message
 from store.dispatch_batch import DispatchParser
 from store.dispatch_layout import layout_of
 
@@ -126,9 +126,8 @@ def test_dispatchers_of_records_alike_build_identical_files(open_store, tmp_path
                         lambda self, *args: parsed_alike.append(parse_alike(self, *args)) or parsed_alike[-1])
     built = {}
     for name, records_min in (("alike", 1), ("each", 10**9)):
-        monkeypatch.setattr(dispatcher_module, "_ALIKE_RECORDS_MIN", records_min)
-        monkeypatch.setattr(dispatcher_module, "_COLUMNS_RECORDS_MIN", 10**9)
-        rebuilt = dispatch_afresh(store.commit_log, str(tmp_path / name), 20_000)
+        rebuilt = dispatch_afresh(store.commit_log, str(tmp_path / name), 20_000,
+                                  alike_records_min=records_min, columns_records_min=10**9)
         assert rebuilt.count == 1200
         built[name] = rebuilt.tree
     assert built["alike"] == built["each"]

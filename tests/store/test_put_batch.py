@@ -6,6 +6,7 @@ anything the column path cannot vouch for must go the per-message way (refusals 
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Message, PutStatus, commit_log, put_batch
+from store import Message, PutStatus, put_batch
 from store.errors import DiskFullError
 from store.mapped_file import MappedFile
 from store_helpers import pull_all, scan_commit_log
@@ -21,10 +22,15 @@ from store_helpers import pull_all, scan_commit_log
 FIXED_TIME_MS = 1_700_000_000_000
 
 
+def fixed_clock() -> int:
+    return FIXED_TIME_MS
+
+
 @pytest.fixture
-def fixed_clock(monkeypatch):
-    """Both paths stamp the same store time, so their bytes can be compared."""
-    monkeypatch.setattr(commit_log, "now_ms", lambda: FIXED_TIME_MS)
+def open_store(open_store):
+    """The store tests' ``open_store`` with a fixed clock: both paths stamp the same store
+    time, so their bytes can be compared."""
+    return functools.partial(open_store, clock=fixed_clock)
 
 
 def _log_bytes(store) -> bytes:
@@ -56,7 +62,7 @@ def _regular(count: int, **fields) -> list[Message]:
                     **fields) for i in range(count)]
 
 
-def test_a_regular_batch_takes_the_column_path(open_store, fixed_clock):
+def test_a_regular_batch_takes_the_column_path(open_store):
     store = open_store()
     messages = _regular(8)
     _warm(store, messages)
@@ -64,7 +70,7 @@ def test_a_regular_batch_takes_the_column_path(open_store, fixed_clock):
     assert columns is not None and len(columns.sizes) == 8
 
 
-def test_column_path_writes_the_bytes_of_the_per_message_path(open_store, fixed_clock):
+def test_column_path_writes_the_bytes_of_the_per_message_path(open_store):
     columns_store, each_store, column_results, each_results = _put_both(open_store, _regular(40))
     assert [r.status for r in column_results] == [PutStatus.PUT_OK] * 40
     assert column_results == each_results
@@ -79,7 +85,7 @@ def test_column_path_writes_the_bytes_of_the_per_message_path(open_store, fixed_
 @pytest.mark.parametrize("change", [
     "no keys anywhere", "no tags anywhere", "no properties", "born times given", "several hosts",
 ])
-def test_other_regular_shapes_write_the_same_bytes(open_store, fixed_clock, change):
+def test_other_regular_shapes_write_the_same_bytes(open_store, change):
     messages = _regular(12)
     for i, message in enumerate(messages):
         if change == "no keys anywhere":
@@ -137,7 +143,7 @@ class Text(str):
 
 
 @pytest.mark.parametrize("name", sorted(IRREGULAR))
-def test_irregular_batches_go_message_by_message(open_store, fixed_clock, name):
+def test_irregular_batches_go_message_by_message(open_store, name):
     messages = _regular(6)
     columns_store = open_store()
     each_store = open_store()
@@ -152,7 +158,7 @@ def test_irregular_batches_go_message_by_message(open_store, fixed_clock, name):
     assert [r.status for r in results[:2] + results[3:]] == [PutStatus.PUT_OK] * 5
 
 
-def test_a_batch_across_segments_matches_the_per_message_path(open_store, fixed_clock):
+def test_a_batch_across_segments_matches_the_per_message_path(open_store):
     messages = [Message(topic="roll", queue_id=i % 2, body=bytes([i]) * 3000, keys=[f"k{i}"], tags="t")
                 for i in range(60)]   # ~180 KB over 64 KiB segments: several rolls inside the batch
     columns_store, each_store, column_results, each_results = _put_both(open_store, messages)
@@ -163,7 +169,7 @@ def test_a_batch_across_segments_matches_the_per_message_path(open_store, fixed_
             if m.topic == "roll" and m.body != b"warm"] == [m.body for m in messages]
 
 
-def test_a_full_disk_at_a_roll_refuses_the_rest_of_the_batch(open_store, fixed_clock, monkeypatch):
+def test_a_full_disk_at_a_roll_refuses_the_rest_of_the_batch(open_store, monkeypatch):
     store = open_store()
     messages = [Message(topic="roll", queue_id=0, body=bytes([i]) * 3000) for i in range(40)]
     _warm(store, messages)
@@ -186,7 +192,7 @@ def test_a_full_disk_at_a_roll_refuses_the_rest_of_the_batch(open_store, fixed_c
     assert store.max_offset("roll", 0) == 1 + len(written)
 
 
-def test_an_unpackable_field_raises_and_writes_nothing(open_store, fixed_clock):
+def test_an_unpackable_field_raises_and_writes_nothing(open_store):
     store = open_store()
     messages = _regular(8)
     _warm(store, messages)
@@ -223,7 +229,7 @@ def _compare_paths(open_store, messages) -> bool:
     st.one_of(st.just(()), st.lists(TEXT, min_size=1, max_size=3)),
     st.one_of(st.none(), TEXT),
     st.dictionaries(TEXT, TEXT, max_size=3)), min_size=4, max_size=20))
-def test_any_batch_gives_what_the_per_message_path_gives(open_store, fixed_clock, batch):
+def test_any_batch_gives_what_the_per_message_path_gives(open_store, batch):
     _compare_paths(open_store, [Message(topic=topic, queue_id=queue_id, body=body, keys=keys, tags=tags,
                                         properties=properties)
                                 for topic, queue_id, body, keys, tags, properties in batch])
@@ -235,7 +241,7 @@ def test_any_batch_gives_what_the_per_message_path_gives(open_store, fixed_clock
     st.lists(SAFE_TEXT, min_size=1, max_size=3), SAFE_TEXT,
     st.dictionaries(SAFE_TEXT.filter(lambda name: name not in ("KEYS", "TAGS", "HCRC")), SAFE_TEXT, max_size=3)),
     min_size=4, max_size=20))
-def test_any_regular_batch_gives_what_the_per_message_path_gives(open_store, fixed_clock, with_keys, with_tags,
+def test_any_regular_batch_gives_what_the_per_message_path_gives(open_store, with_keys, with_tags,
                                                                   batch):
     messages = [Message(topic=topic, queue_id=queue_id, body=body, keys=keys if with_keys else (),
                         tags=tags if with_tags else None, properties=properties)
@@ -265,7 +271,7 @@ def _plain_columns(messages):
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["known topic", "first batch of a topic"])
-def test_append_plain_writes_what_append_writes_for_the_same_messages(open_store, fixed_clock, warm):
+def test_append_plain_writes_what_append_writes_for_the_same_messages(open_store, warm):
     messages = _plain(40)
     plain_store, each_store = open_store(), open_store()
     if warm:
@@ -286,7 +292,7 @@ def test_append_plain_writes_what_append_writes_for_the_same_messages(open_store
 
 @pytest.mark.parametrize("fault", ["a body not bytes", "a property value not a string", "a map not a dict",
                                    "a store-owned name"])
-def test_append_plain_refuses_in_place_what_append_refuses(open_store, fixed_clock, fault):
+def test_append_plain_refuses_in_place_what_append_refuses(open_store, fault):
     messages = _plain(12)
     queue_ids, bodies, properties = _plain_columns(messages)
     if fault == "a body not bytes":
