@@ -21,12 +21,19 @@ class FakeNode:
         self.stream = stream
         self.requests: list[dict] = []
         self._decoder = FrameDecoder()
-        self.reading = True
+        self._may_read = trio.Event()
+        self._may_read.set()
+        self._arrived = trio.lowlevel.ParkingLot()
+
+    def pause_reading(self) -> None:
+        self._may_read = trio.Event()
+
+    def resume_reading(self) -> None:
+        self._may_read.set()
 
     async def serve(self) -> None:
         while True:
-            while not self.reading:
-                await trio.sleep(0.001)
+            await self._may_read.wait()
             try:
                 data = await self.stream.receive_some(1 << 20)
             except trio.ClosedResourceError:  # the test closed the node's end
@@ -34,6 +41,12 @@ class FakeNode:
             if not data:
                 return
             self.requests.extend(self._decoder.feed(data))
+            self._arrived.unpark_all()
+
+    async def wait_requests(self, count: int) -> None:
+        """Until ``count`` requests have arrived."""
+        while len(self.requests) < count:
+            await self._arrived.park()
 
     async def answer(self, request: dict, code: int = 0, **fields) -> None:
         await self.stream.send_all(encode_frame({"code": code, "opaque": request["opaque"], "flags": 1,
@@ -71,8 +84,7 @@ async def test_a_caller_alone_reads_its_own_reply(transport):
 
         async def answer_each():
             for i in range(5):
-                while len(node.requests) <= i:
-                    await trio.sleep(0)
+                await node.wait_requests(i + 1)
                 await node.answer(node.requests[i], echo=node.requests[i]["tag"])
         nursery.start_soon(answer_each)
         replies = [await connection.request(RequestCode.STATUS, tag=f"r{i}") for i in range(5)]
@@ -120,8 +132,7 @@ async def test_pipelined_replies_in_any_order_reach_their_own_callers(transport)
 
 
 async def node_answers_next(node: FakeNode, index: int) -> None:
-    while len(node.requests) <= index:
-        await trio.sleep(0)
+    await node.wait_requests(index + 1)
     await node.answer(node.requests[index], echo=node.requests[index]["tag"])
 
 
@@ -151,9 +162,7 @@ async def test_a_cancelled_leader_hands_reading_over_and_loses_no_reply(transpor
         # the leader's reply comes anyway and goes nowhere; the others reach their callers
         for tag in ("leader", "f2", "f1"):
             await node.answer(node.request(tag), echo=tag)
-        with trio.fail_after(5):
-            while len(got) < 2:
-                await trio.sleep(0.001)
+        await trio.testing.wait_all_tasks_blocked()
         assert got == {"f1": "f1", "f2": "f2"} and connection._pending == {}
         nursery.cancel_scope.cancel()
 
@@ -178,9 +187,7 @@ async def test_a_cancelled_follower_gets_nothing_and_misroutes_nothing(transport
         await trio.testing.wait_all_tasks_blocked()
         for tag in ("follower", "other", "leader"):
             await node.answer(node.request(tag), echo=tag)
-        with trio.fail_after(5):
-            while len(got) < 2:
-                await trio.sleep(0.001)
+        await trio.testing.wait_all_tasks_blocked()
         assert got == {"leader": "leader", "other": "other"} and connection._pending == {}
         nursery.cancel_scope.cancel()
 
@@ -295,7 +302,7 @@ async def test_a_leader_woken_while_a_large_frame_waits_to_be_written_does_not_b
     # (the node reads nothing): waking the leader must not fail the write.
     async with trio.open_nursery() as nursery:
         connection, node = await _open(nursery, "socket")
-        node.reading = False
+        node.pause_reading()
         outcome = {}
 
         async def leader():
@@ -313,14 +320,10 @@ async def test_a_leader_woken_while_a_large_frame_waits_to_be_written_does_not_b
         nursery.start_soon(big)
         await trio.sleep(2)
         assert outcome == {"leader": pytest.approx(start + 1.0, abs=1e-6)} and not connection.closed
-        node.reading = True
-        with trio.fail_after(10):
-            while not any(r.get("tag") == "big" for r in node.requests):
-                await trio.sleep(0.01)
+        node.resume_reading()
+        await node.wait_requests(2)   # the leader's, then the big one, whole
         await node.answer(node.request("big"), echo="big")
-        with trio.fail_after(10):
-            while "big" not in outcome:
-                await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
         assert outcome["big"] == "big" and not connection.closed
         nursery.cancel_scope.cancel()
 
@@ -332,8 +335,7 @@ async def test_an_error_reply_to_a_leader_is_its_typed_error(transport):
         connection, node = await _open(nursery, transport)
 
         async def refuse():
-            while not node.requests:
-                await trio.sleep(0)
+            await node.wait_requests(1)
             await node.answer(node.requests[0], code=9, error="no such topic")
         nursery.start_soon(refuse)
         with pytest.raises(RequestError, match="TOPIC_NOT_EXIST"):
@@ -358,8 +360,7 @@ async def test_large_frames_from_many_tasks_arrive_whole_and_in_order_of_their_w
             async with trio.open_nursery() as senders:
                 for i, size in enumerate(sizes):
                     senders.start_soon(one, i, size)
-                while len(node.requests) < len(sizes):
-                    await trio.sleep(0.001)
+                await node.wait_requests(len(sizes))
                 for request in node.requests:
                     await node.answer(request)
         assert sorted(r["tag"] for r in node.requests) == [f"s{i}" for i in range(len(sizes))]
@@ -383,8 +384,7 @@ async def test_a_producer_retries_a_send_on_a_connection_the_node_closed_while_i
         node = FakeNode(stream)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(node.serve)
-            while not node.requests:
-                await trio.sleep(0.001)
+            await node.wait_requests(1)
             count = len(node.requests[0]["message_columns"]["body"])
             columns = {"status": ["PUT_OK"] * count, "queue_id": [0] * count, "queue_offset": [len(connections)] * count,
                        "physical_offset": [0] * count, "message_id": ["M"] * count, "reason": [""] * count}
@@ -400,7 +400,7 @@ async def test_a_producer_retries_a_send_on_a_connection_the_node_closed_while_i
                 results = []
                 for i in range(3):
                     results.append(await producer.send("t", b"%d" % i))
-                    await trio.sleep(0.05)   # the node's close arrives while nobody reads
+                    await trio.testing.wait_all_tasks_blocked()   # the node has closed; nobody reads
                 stats = producer.statistics()
         assert [r.queue_offset for r in results] == [1, 2, 3] and len(connections) == 3
         assert stats.unknown_messages == 0 and stats.sent_messages == 3 and stats.retries == 2

@@ -34,18 +34,20 @@ async def test_long_poll_is_woken_by_the_dispatcher(memory_node):
         writer = await memory_node.connect(nursery)
         await writer.request(RequestCode.TOPIC_CREATE, topic="live", queue_count=1)
         replies = []
+        answered = trio.Event()
 
         async def park():
             replies.append(await reader.request(RequestCode.PULL, topic="live", queue_id=0, offset=0,
                                                 timeout_ms=20_000))
+            answered.set()
         nursery.start_soon(park)
-        await trio.sleep(0.2)
+        await trio.testing.wait_all_tasks_blocked()
         assert replies == [] and memory_node.handlers.waiters.waiting == 1
         started = trio.current_time()
         await writer.request(RequestCode.SEND, topic="live", messages=[{"body": b"wake up"}])
+        # woken by the store's dispatcher thread (a real one): a bounded wait in real time
         with trio.fail_after(5):
-            while not replies:
-                await trio.sleep(0.005)
+            await answered.wait()
         assert trio.current_time() - started < 2
         assert [m["body"] for m in replies[0]["messages"]] == [b"wake up"]
         assert memory_node.handlers.waiters.waiting == 0

@@ -94,15 +94,16 @@ def test_a_disconnected_member_stays_for_the_grace_time_only():
 
 
 def test_replicated_offset_counts_the_master_and_honours_all_ack():
-    t = tracker(min_in_sync_replicas=2)
-    for name, ack in (("s1", 80), ("s2", 60)):
-        t.connected(name, name, ack, 0)
-    t.apply_sync_state_set(frozenset({"m", "s1", "s2"}))
-    assert t.replicated_offset(100) == 80              # master (100) and s1 (80): two copies
-    t.settings = SyncSettings(min_in_sync_replicas=2, all_ack_in_sync_state_set=True)
-    assert t.replicated_offset(100) == 60              # every member
-    t.settings = SyncSettings(min_in_sync_replicas=4)
-    assert t.replicated_offset(100) == -1              # fewer members than asked for
+    def replicated(**settings) -> int:
+        t = tracker(**settings)
+        for name, ack in (("s1", 80), ("s2", 60)):
+            t.connected(name, name, ack, 0)
+        t.apply_sync_state_set(frozenset({"m", "s1", "s2"}))
+        return t.replicated_offset(100)
+
+    assert replicated(min_in_sync_replicas=2) == 80    # master (100) and s1 (80): two copies
+    assert replicated(min_in_sync_replicas=2, all_ack_in_sync_state_set=True) == 60   # every member
+    assert replicated(min_in_sync_replicas=4) == -1    # fewer members than asked for
 
 
 def test_members_handed_over_by_a_controller_count_until_they_show_up_or_time_out():
