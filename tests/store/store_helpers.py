@@ -7,8 +7,23 @@ import struct
 
 from store import MessageStore, StoreConfig
 from store import codec
+from store.commit_log import now_ms
 
 CQ_ENTRY = struct.Struct(">qiq")
+
+
+class SteppedClock:
+    """A store clock that moves only when the test moves it: starts at the wall clock's
+    time (in ms), then ``advance(ms)``."""
+
+    def __init__(self, start_ms: int | None = None) -> None:
+        self.now_ms = now_ms() if start_ms is None else start_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
 
 
 def make_config(path, **overrides) -> StoreConfig:

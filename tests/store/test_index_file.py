@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime
 import os
 import struct
-import time
 
 from store import Message
 from store import codec
 from store.index_file import index_file_bytes
+from store_helpers import SteppedClock
 
 HEADER = struct.Struct(">qqqqii")
 ENTRY = struct.Struct(">iqii")
@@ -122,11 +122,12 @@ def test_new_index_file_when_full_and_lookups_span_files(open_store, tmp_path):
 
 
 def test_time_range_edges(open_store):
-    store = open_store()
+    clock = SteppedClock()
+    store = open_store(clock=clock)
     stamps = []
     for i in range(3):
         if i:
-            time.sleep(1.1)
+            clock.advance(1100)
         stamps.append(store.put(Message(topic="T", body=b"%d" % i, keys=["K"])).store_timestamp)
     assert stamps[0] + 1000 < stamps[1] and stamps[1] + 1000 < stamps[2]
     assert store.wait_dispatched()

@@ -12,7 +12,7 @@ import pytest
 
 from store import GetStatus, Message, MessageNotFound, MessageStore, PutStatus, StoreCorruptError
 from store import codec
-from store_helpers import make_config, pull_all, read_cq_entries, same_message, scan_commit_log, segment_files
+from store_helpers import SteppedClock, make_config, pull_all, read_cq_entries, same_message, scan_commit_log, segment_files
 
 
 # --- put / get ----------------------------------------------------------------------------
@@ -183,14 +183,15 @@ def test_async_flush_catches_up(open_store):
 
 # --- offset by time -------------------------------------------------------------------------
 def test_offset_by_time_edges(open_store):
-    store = open_store()
+    clock = SteppedClock()
+    store = open_store(clock=clock)
     assert store.offset_by_time("T", 0, 0) == 0                  # no such queue
     stamps = []
     for group in range(3):
         batch = store.put_batch([Message(topic="T", body=b"%d-%d" % (group, i)) for i in range(3)])
         assert len({r.store_timestamp for r in batch}) == 1      # one batch, one store time
         stamps.append(batch[0].store_timestamp)
-        time.sleep(0.01)
+        clock.advance(10)
     assert stamps[0] < stamps[1] < stamps[2]
     assert store.wait_dispatched()
     assert store.offset_by_time("T", 0, 0) == 0                  # before all
