@@ -178,15 +178,35 @@ class MappedFileQueue:
             if start % self.file_size:
                 raise StoreError(f"{os.path.join(self.directory, file_name(start))}: start offset is not a "
                                  f"multiple of the file size {self.file_size}; wrong segment size setting?")
-        for previous, start in zip(starts, starts[1:]):
-            if start != previous + self.file_size:
-                raise StoreError(f"{self.directory}: gap between {file_name(previous)} and {file_name(start)}")
+        starts = self._drop_unwritten_past_a_gap(starts)
         if starts and not self._repair_last(os.path.join(self.directory, file_name(starts[-1]))):
             starts.pop()
         self.files = [MappedFile(os.path.join(self.directory, file_name(s)), s, self.file_size, create=False)
                       for s in starts]
         if self._preallocate:
             self._preallocator = _Preallocator(self)
+
+    def _drop_unwritten_past_a_gap(self, starts: list[int]) -> list[int]:
+        """Files past a gap that hold no data are deleted: a preallocation for a tail a
+        replica cut had just removed, left by a crash (the writer fills files in order, so
+        nothing past a gap was ever written). A file past a gap with data is an error."""
+        for index in range(1, len(starts)):
+            if starts[index] != starts[index - 1] + self.file_size:
+                break
+        else:
+            return starts
+        kept, beyond = starts[:index], starts[index:]
+        for start in beyond:
+            path = os.path.join(self.directory, file_name(start))
+            if _holds_data(path, os.path.getsize(path)):
+                raise StoreError(f"{self.directory}: gap between {file_name(kept[-1])} and {file_name(beyond[0])}, "
+                                 f"and {file_name(start)} past it holds data; restore the missing file")
+        for start in beyond:
+            path = os.path.join(self.directory, file_name(start))
+            log.warning("%s: past a gap in %s and never written (a preallocation); deleted", path, self.directory)
+            os.unlink(path)
+            self.repairs.append(f"deleted unwritten file {path} past a gap")
+        return kept
 
     def _repair_last(self, path: str) -> bool:
         """What a crash while the last file was created leaves: False (the file is deleted)
