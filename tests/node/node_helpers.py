@@ -1,8 +1,11 @@
-"""Helpers shared by the node tests: small store settings and a node configuration on
-loopback ports. A module of its own (not conftest.py), so that importing it by name does
+"""Helpers shared by the node tests: small store settings, a node configuration on
+loopback ports, and a wait without sleeps. A module of its own (not conftest.py), so that importing it by name does
 not collide with another folder's conftest when several test folders run together."""
 
 from __future__ import annotations
+
+import trio
+import trio.testing
 
 from node.server.config import NodeConfig
 
@@ -17,3 +20,15 @@ def small_config(path, **changes) -> NodeConfig:
                 store=dict(SMALL_STORE))
     base.update(changes)
     return NodeConfig(**base)
+
+
+async def wait_until(predicate, what: str, timeout_s: float = 20.0) -> None:
+    """Until ``predicate()`` holds, checked each time every task of this trio run has been
+    blocked for a millisecond: work done in this run (in-memory streams, loopback sockets
+    served in this process, passes dispatched in the loop) is waited for without sleeping,
+    and a thread of the store still gets its turn. Bounded by ``timeout_s``."""
+    with trio.move_on_after(timeout_s):
+        while not predicate():
+            await trio.testing.wait_all_tasks_blocked(cushion=0.001)
+        return
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -19,7 +19,7 @@ from node.wire.protocol import RequestCode
 from node.server.role import Role
 from store import Message, MessageStore, StoreConfig
 
-from node_helpers import SMALL_STORE, small_config
+from node_helpers import SMALL_STORE, small_config, wait_until
 
 
 def loop_store(path) -> MessageStore:
@@ -28,14 +28,6 @@ def loop_store(path) -> MessageStore:
 
 def dispatcher_threads() -> list[str]:
     return [thread.name for thread in threading.enumerate() if thread.name == "dispatcher"]
-
-
-async def wait_until(predicate, what: str, timeout_s: float = 20.0) -> None:
-    with trio.move_on_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 # --- the store's side: no thread, a wake callback, a gate --------------------------------

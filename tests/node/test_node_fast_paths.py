@@ -15,6 +15,8 @@ from node.errors import RequestError, UnknownOutcomeError
 from node.wire.protocol import FrameDecoder, RequestCode
 from node.server.connections import ReplyWriter
 
+from node_helpers import wait_until
+
 
 class GatedStream(trio.abc.SendStream):
     """A send stream whose first write waits for ``gate``: a write under way, on demand."""
@@ -79,9 +81,7 @@ async def test_inline_replies_interleave_with_a_long_poll_on_one_connection(memo
             polls.append(await connection.request(RequestCode.PULL, topic="polled", queue_id=0, offset=0,
                                                   timeout_ms=20_000))
         nursery.start_soon(park)
-        with trio.fail_after(5):
-            while memory_node.handlers.waiters.waiting == 0:
-                await trio.sleep(0.001)
+        await wait_until(lambda: memory_node.handlers.waiters.waiting == 1, "the pull to park")
         # pipelined requests on the same connection are answered while the poll waits
         pendings = [await connection.submit(RequestCode.SEND, topic="other", messages=[{"body": b"%d" % i}])
                     for i in range(20)]
@@ -91,9 +91,7 @@ async def test_inline_replies_interleave_with_a_long_poll_on_one_connection(memo
         assert [r["results"][0]["queue_offset"] for r in replies[:20]] == list(range(20))
         assert replies[20]["long_polls_waiting"] == 1 and polls == []
         await connection.request(RequestCode.SEND, topic="polled", messages=[{"body": b"wake"}])
-        with trio.fail_after(5):
-            while not polls:
-                await trio.sleep(0.001)
+        await wait_until(lambda: polls, "the dispatcher thread to wake the long poll")
         assert [m["body"] for m in polls[0]["messages"]] == [b"wake"]
         nursery.cancel_scope.cancel()
 

@@ -10,7 +10,7 @@ from node.errors import AuthError, ConnectionLostError, NotMasterError, RequestE
 from node.server.node import serve_node
 from node.server.role import Role
 
-from node_helpers import small_config
+from node_helpers import small_config, wait_until
 
 
 @pytest.mark.trio
@@ -33,10 +33,9 @@ async def test_send_pull_query_offsets_and_status(node):
                 nursery.start_soon(one, i)
         assert len(results) == 40 and all(r.ok for r in results)
         assert producer.statistics().sent_messages == 51
+    await wait_until(lambda: node.store.max_offset("orders", 1) >= 30, "queue 1 to be dispatched")
     async with open_admin(address) as admin:
-        with trio.fail_after(5):
-            while (await admin.queue_offsets("orders", 1))[1] < 30:
-                await trio.sleep(0.01)
+        assert (await admin.queue_offsets("orders", 1))[1] >= 30
         found = await admin.query_by_key("orders", "order-1")
         assert [m.body for m in found] == [b"first"] and found[0].tags == "new"
         by_uniq = await admin.query_by_key("orders", batch[3].uniq_key)
