@@ -195,7 +195,7 @@ def _window(base: int, data: bytes, start: int, end: int) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class FaultWindow:
-    """One fault: when it began and healed, and the first acked write after its start."""
+    """One fault: when it began and healed, and the first acked write invoked after its start."""
 
     kind: str
     target: str
@@ -214,16 +214,24 @@ class FaultWindow:
 
 
 def fault_windows(ops: Iterable[Op]) -> tuple[FaultWindow, ...]:
-    """Per ``nemesis`` fault op (value the kind, error the target), its heal and the first acked send after it."""
+    """Per ``nemesis`` fault op (value the kind, error the target): its heal, and the first ack
+    of a send invoked at or after the fault (an ack of a request already in flight when the
+    fault began says nothing about the cluster after it)."""
     ops = list(ops)
-    acks = sorted(op.time_s for op in ops if op.f == "send" and op.type == "ok")
+    invoked_s: dict[str, float] = {}
+    acks = []
+    for op in ops:
+        if op.f == "send" and op.type == "invoke":
+            invoked_s[op.value] = op.time_s
+        elif op.f == "send" and op.type == "ok":
+            acks.append((invoked_s.get(op.value, op.time_s), op.time_s))
     windows = []
     faults = [op for op in ops if op.f == "nemesis"]
     for index, op in enumerate(faults):
         if op.value.startswith("heal:"):
             continue
         heal = next((h for h in faults[index + 1:] if h.value == f"heal:{op.value}"), None)
-        first = next((t for t in acks if t >= op.time_s), None)
+        first = min((acked for invoked, acked in acks if invoked >= op.time_s), default=None)
         windows.append(FaultWindow(op.value, op.error, op.time_s, heal.time_s if heal else None, first))
     return tuple(windows)
 

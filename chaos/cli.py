@@ -117,10 +117,12 @@ def chaos_group() -> None:
     """Chaos tests with network fault injection (Toxiproxy)."""
 
 
-def _add_toxiproxy_commands() -> None:
+def _add_chaos_commands() -> None:
+    from .run_cli import run_command
     from .toxiproxy.cli import toxiproxy_group
 
     chaos_group.add_command(toxiproxy_group)
+    chaos_group.add_command(run_command)
 
 
-_add_toxiproxy_commands()
+_add_chaos_commands()

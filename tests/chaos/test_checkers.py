@@ -88,7 +88,8 @@ def test_replicas_compare_bytes_up_to_the_confirm_offset():
 
 
 def test_unavailability_per_fault_is_fault_to_first_ack_after_it():
-    ops = sends(("a", "ok", 0, 1), ("b", "info", 2, 3), ("c", "ok", 4, 5.5), ("d", "ok", 8, 9))
+    # "e" was in flight when the fault began: its ack does not end the unavailability
+    ops = sends(("a", "ok", 0, 1), ("e", "ok", 1.5, 2.5), ("b", "info", 2, 3), ("c", "ok", 4, 5.5), ("d", "ok", 8, 9))
     ops += [Op("info", "nemesis", "kill-master", 2.0, error="g1-n1"),
             Op("info", "nemesis", "heal:kill-master", 4.0, error="g1-n1"),
             Op("info", "nemesis", "pause-slave", 9.5, error="g1-n2")]

@@ -1,0 +1,332 @@
+"""``hastore chaos run``: the workload, a seeded schedule of nemeses, and every checker, on a
+local controller-mode cluster.
+
+Per cycle of the schedule (chaos.nemesis.plan_schedule):
+
+1. rest: the workload runs undisturbed for the planned quiet time;
+2. ready: every process of the cluster runs and the group has a master (bounded; a cycle
+   that finds the cluster not back is ``unrecovered`` and the run stops faulting);
+3. fault: the nemesis starts (recorded in the history as a ``nemesis`` op), holds for its
+   planned time, and heals;
+4. recovery: the first acked write after the fault (bounded); unavailable ms = fault -> it.
+
+Then the workload stops, every process is running again, the group is waited on until all
+its nodes hold the master's max offset, the topic is read back from the master with the
+group's committed offsets, the CommitLog bytes of the caught-up nodes are read up to the
+master's confirm offset, and chaos.checkers.check_run judges the whole history. The history
+is written as JSON lines to DIR/chaos/history-RUN.jsonl while the run goes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import trio
+
+from node.client import open_admin
+from node.cluster import LocalCluster
+
+from .checker import percentile
+from .checkers import RunVerdict, check_run, unavailability_by_kind
+from .control import ClusterLocator, LocalControl, commitlog_bytes, read_final, wait_caught_up
+from .errors import NemesisError, RunError
+from .history import History, Op
+from .nemesis import PlannedFault, expand_kinds, heal, needs_proxies, plan_schedule, start_fault
+from .workload import LoadSettings, run_load
+
+POLL_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """What a chaos run does and its bounds (seconds)."""
+
+    nemesis: str = "kill,pause"
+    cycles: int = 3
+    seed: int = 0
+    time_limit_s: float = 300.0          # the faulting part; the final checks have their own bounds
+    group: str = "g1"
+    topic: str = "chaos"
+    queue_count: int = 4
+    hold_s: tuple[float, float] = (1.0, 4.0)
+    rest_s: tuple[float, float] = (1.0, 3.0)
+    warmup_acks: int = 20
+    ready_timeout_s: float = 60.0        # cluster back (processes, master) before a fault
+    recovery_timeout_s: float = 60.0     # fault -> first acked write
+    catch_up_timeout_s: float = 60.0
+    read_timeout_s: float = 60.0
+    load: LoadSettings = field(default_factory=LoadSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class CycleRecord:
+    """One cycle: the fault and what the workload saw from its start to the next cycle's."""
+
+    cycle: int
+    kind: str
+    target: str
+    hold_s: float
+    start_s: float
+    acked: int = 0
+    info: int = 0
+    failed: int = 0
+    lost: int = 0
+    unavailable_ms: float | None = None
+    recovered: bool = False
+    error: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    """Every cycle, the verdict and where the history is."""
+
+    run_id: str
+    seed: int
+    schedule: tuple[PlannedFault, ...]
+    cycles: tuple[CycleRecord, ...]
+    verdict: RunVerdict
+    history_path: str
+    final_master: str | None
+    caught_up: bool
+
+    @property
+    def safe(self) -> bool:
+        return self.verdict.valid
+
+    @property
+    def ok(self) -> bool:
+        return self.safe and self.caught_up and all(c.recovered for c in self.cycles) \
+            and len(self.cycles) == len(self.schedule)
+
+    def summary(self) -> dict:
+        sends = self.verdict.sends
+        values = [c.unavailable_ms for c in self.cycles if c.unavailable_ms is not None]
+        return {"run_id": self.run_id, "seed": self.seed, "cycles_planned": len(self.schedule),
+                "cycles_run": len(self.cycles), "cycles_recovered": sum(c.recovered for c in self.cycles),
+                "invoked": sends.invoked, "acked": sends.acked, "failed": sends.failed, "info": sends.unknown,
+                "info_present": sends.unknown_present, **self.verdict.violations(),
+                "unavailable_ms_p50": percentile(values, 0.5), "unavailable_ms_p99": percentile(values, 0.99),
+                "unavailability_by_kind": unavailability_by_kind(self.verdict.faults),
+                "final_master": self.final_master, "caught_up": self.caught_up, "safe": self.safe, "ok": self.ok,
+                "history": self.history_path}
+
+    def to_json(self) -> dict:
+        return {"summary": self.summary(), "cycles": [c.to_json() for c in self.cycles],
+                "schedule": [p.to_json() for p in self.schedule], "verdict": self.verdict.to_json()}
+
+
+def run_chaos(cluster: LocalCluster, settings: RunSettings, *, proxies=None, address_of=None,
+              on_cycle=None) -> RunReport:
+    """Run the schedule on a running controller-mode cluster. ``proxies`` (a ToxiproxyClient)
+    and ``address_of`` (node id -> the client address to use) for a proxied cluster.
+    Raises RunError when the run cannot start; NemesisError for a bad --nemesis."""
+    kinds = expand_kinds(settings.nemesis)
+    if proxies is None and any(needs_proxies(kind) for kind in kinds):
+        wanted = ", ".join(kind for kind in kinds if needs_proxies(kind))
+        raise RunError(f"the faults {wanted} need a proxied cluster: pass --proxied (or leave them out of --nemesis)")
+    if not cluster.topology.controller.enabled:
+        raise RunError(f"the cluster in {cluster.directory} has static roles: a chaos run needs controller mode")
+    down = [spec.name for spec in cluster.specs if cluster.pid(spec.name) is None]
+    if not cluster.specs or down:
+        raise RunError(f"the cluster in {cluster.directory} is not fully running (down: {', '.join(down) or 'all'}); "
+                       f"start it with `hastore cluster up --dir {cluster.directory}`, or pass --up")
+    schedule = plan_schedule(settings.seed, kinds, settings.cycles, hold_s=settings.hold_s, rest_s=settings.rest_s,
+                             session_timeout_ms=cluster.topology.controller.session_timeout_ms)
+    run_id = uuid.uuid4().hex[:8]
+    directory = os.path.join(cluster.directory, "chaos")
+    os.makedirs(directory, exist_ok=True)
+    history_path = os.path.join(directory, f"history-{run_id}.jsonl")
+    control = LocalControl(cluster, proxies)
+    with open(history_path, "w", encoding="utf-8") as sink:
+        history = History(sink=sink)
+        runner = _Runner(cluster, control, settings, history, run_id, address_of)
+        return trio.run(runner.run, schedule, history_path, on_cycle)
+
+
+class _Runner:
+    def __init__(self, cluster: LocalCluster, control: LocalControl, settings: RunSettings, history: History,
+                 run_id: str, address_of) -> None:
+        self.cluster = cluster
+        self.control = control
+        self.settings = settings
+        self.history = history
+        self.run_id = run_id
+        self.topic = f"{settings.topic}-{run_id}"
+        self.secret = cluster.topology.secret
+        self.locator = ClusterLocator(cluster, settings.group, address_of)
+
+    async def run(self, schedule: tuple[PlannedFault, ...], history_path: str, on_cycle) -> RunReport:
+        await self.locator.open()
+        try:
+            await self._create_topic()
+            cycles: list[CycleRecord] = []
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(run_load, self.topic, self.settings.queue_count, self.run_id,
+                                                     self.history, stop, self.locator, self.settings.load,
+                                                     secret=self.secret))
+                try:
+                    await self._cycles(schedule, cycles, on_cycle)
+                finally:
+                    stop.set()
+            final_master, caught_up, verdict = await self._check()
+        finally:
+            await self.locator.aclose()
+        cycles = _with_outcomes(cycles, self.history.ops, verdict)
+        return RunReport(self.run_id, self.settings.seed, schedule, tuple(cycles), verdict, history_path,
+                         final_master, caught_up)
+
+    async def _create_topic(self) -> None:
+        with trio.move_on_after(self.settings.ready_timeout_s):
+            while True:
+                address = await self.locator.master()
+                if address is not None:
+                    try:
+                        async with open_admin(address, secret=self.secret) as admin:
+                            await admin.create_topic(self.topic, queue_count=self.settings.queue_count)
+                        return
+                    except Exception:   # a master that is not ready yet: ask again
+                        pass
+                await trio.sleep(POLL_INTERVAL_S)
+        raise RunError(f"group {self.settings.group} has no master to create topic {self.topic} on within "
+                       f"{self.settings.ready_timeout_s:g} s")
+
+    async def _cycles(self, schedule, cycles: list[CycleRecord], on_cycle) -> None:
+        settings = self.settings
+        if not await self._first_ack_after(0.0, settings.ready_timeout_s, settings.warmup_acks):
+            raise RunError(f"the workload got fewer than {settings.warmup_acks} acks in {settings.ready_timeout_s:g} s "
+                           f"before any fault")
+        deadline = trio.current_time() + settings.time_limit_s
+        for planned in schedule:
+            if trio.current_time() >= deadline:
+                break
+            await trio.sleep(planned.rest_s)
+            record = await self._cycle(planned)
+            cycles.append(record)
+            if on_cycle is not None:
+                on_cycle(record)
+            if not record.recovered:
+                break   # the cluster is not in a state to fault again
+
+    async def _cycle(self, planned: PlannedFault) -> CycleRecord:
+        base = {"cycle": planned.cycle, "kind": planned.kind, "hold_s": planned.hold_s}
+        problem = await self._wait_ready()
+        if problem:
+            return CycleRecord(**base, target="-", start_s=self.history.now_s(), error=f"before the fault: {problem}")
+        start_s = self.history.now_s()
+        try:
+            fault = await trio.to_thread.run_sync(start_fault, self.control, planned.kind, self.settings.group,
+                                                  planned.pick)
+        except NemesisError as error:
+            return CycleRecord(**base, target="-", start_s=start_s, recovered=True, error=f"skipped: {error}")
+        self.history.append(Op("info", "nemesis", planned.kind, start_s, error=fault.target, process="nemesis"))
+        await trio.sleep(planned.hold_s)
+        errors = await trio.to_thread.run_sync(heal, self.control, fault)
+        self.history.record("info", f"heal:{planned.kind}", f="nemesis", error=fault.target, process="nemesis")
+        first = await self._first_ack_after(start_s, self.settings.recovery_timeout_s)
+        unavailable_ms = round((first - start_s) * 1000, 1) if first is not None else None
+        error = "; ".join(errors) if errors else ("" if first is not None else
+                                                  f"no acked write within {self.settings.recovery_timeout_s:g} s")
+        return CycleRecord(**base, target=fault.target, start_s=start_s, unavailable_ms=unavailable_ms,
+                           recovered=first is not None and not errors, error=error)
+
+    async def _wait_ready(self) -> str:
+        """'' once every process runs and the group has a master; else why not, after the bound."""
+        problem = "not checked"
+        with trio.move_on_after(self.settings.ready_timeout_s):
+            while True:
+                down = await trio.to_thread.run_sync(self.control.down_processes)
+                if down:
+                    problem = f"not running: {', '.join(down)}"
+                elif await self.locator.master_id() is None:
+                    problem = f"group {self.settings.group} has no master"
+                else:
+                    return ""
+                await trio.sleep(POLL_INTERVAL_S)
+        return problem
+
+    async def _first_ack_after(self, time_s: float, timeout_s: float, count: int = 1) -> float | None:
+        """When the ``count``-th send invoked at or after ``time_s`` was acked (waiting up to
+        ``timeout_s``); as chaos.checkers.fault_windows counts it."""
+        index = 0
+        invoked_s: dict[str, float] = {}
+        acked: list[float] = []
+        with trio.move_on_after(timeout_s):
+            while True:
+                ops = self.history.ops
+                for op in ops[index:]:
+                    if op.f == "send" and op.type == "invoke":
+                        invoked_s[op.value] = op.time_s
+                    elif op.f == "send" and op.type == "ok" and invoked_s.get(op.value, -1.0) >= time_s:
+                        acked.append(op.time_s)
+                index = len(ops)
+                if len(acked) >= count:
+                    return sorted(acked)[count - 1]
+                await trio.sleep(0.02)
+        return None
+
+    async def _check(self) -> tuple[str | None, bool, RunVerdict]:
+        settings = self.settings
+        await trio.to_thread.run_sync(self._restore)
+        master, states = await wait_caught_up(self.cluster, settings.group, self.secret, settings.catch_up_timeout_s)
+        if master is None:
+            raise RunError(f"group {settings.group} has no single master answering after the run; the history is "
+                           f"kept for inspection")
+        caught_up = len(states) == len(self.cluster.nodes(settings.group)) and all(
+            s.max_offset == states[master].max_offset for s in states.values())
+        final_time_s = self.history.now_s()
+        with trio.fail_after(settings.read_timeout_s):
+            final, offsets = await read_final(self.cluster.node(master).client_address, self.topic,
+                                              settings.queue_count, secret=self.secret,
+                                              group=settings.load.consumer_group)
+            confirm = (await _status(self.cluster.node(master).client_address, self.secret))["replication"] \
+                .get("confirm_offset", states[master].max_offset)
+        copies = {name: commitlog_bytes(self.cluster.node(name).data_path, confirm)
+                  for name, state in states.items() if state.max_offset >= confirm}
+        verdict = check_run(self.history.ops, final, final_offsets={settings.load.consumer_group: offsets},
+                            final_time_s=final_time_s, replicas=(master, copies, confirm))
+        return master, caught_up, verdict
+
+    def _restore(self) -> None:
+        """Start every process that is down (a heal that failed), in start order."""
+        for name in self.control.down_processes():
+            try:
+                self.cluster.start(name)
+            except Exception:   # reported by the caught-up check that follows
+                pass
+
+
+async def _status(address: str, secret: str | None) -> dict:
+    async with open_admin(address, secret=secret) as admin:
+        return await admin.status()
+
+
+def _with_outcomes(cycles: list[CycleRecord], ops: list[Op], verdict: RunVerdict) -> list[CycleRecord]:
+    """Each cycle's acked / info / failed sends (outcomes from its fault to the next cycle's)
+    and lost keys (acked in that span); what came before the first fault counts in the first."""
+    if not cycles:
+        return cycles
+    starts = [c.start_s for c in cycles]
+    lost = set(verdict.sends.lost)
+
+    def cycle_of(time_s: float) -> int:
+        index = 0
+        for number, start in enumerate(starts):
+            if time_s >= start:
+                index = number
+        return index
+    counts = [{"acked": 0, "info": 0, "failed": 0, "lost": 0} for _ in cycles]
+    for op in ops:
+        if op.f != "send" or op.type == "invoke":
+            continue
+        tally = counts[cycle_of(op.time_s)]
+        tally[{"ok": "acked", "info": "info", "fail": "failed"}[op.type]] += 1
+        if op.type == "ok" and op.value in lost:
+            tally["lost"] += 1
+    return [CycleRecord(**{**asdict(c), **tally}) for c, tally in zip(cycles, counts)]

@@ -1,0 +1,148 @@
+"""``hastore chaos run``: a seeded schedule of faults under a concurrent workload, checked.
+
+    hastore chaos run --dir DIR [--up] [--proxied] --nemesis kill,pause,... --cycles N
+                      --time-limit S --seed N [--json]
+
+Prints one row per cycle (fault, target, hold, acked, info, lost, unavailable ms), a summary
+with the safety violations and the unavailability per fault kind, and the history file's
+path. Exit status 1 on any safety violation (lost, duplicated, failed-but-present, order,
+dirty read, committed offset going back, replica divergence), and when a cycle did not
+recover or the group did not catch up at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+
+import click
+
+from node.cluster import LocalCluster
+from node.cluster.supervisor import ClusterStartError
+from node.cluster.topology import ClusterError
+
+from .errors import ChaosError
+from .run import CycleRecord, RunReport, RunSettings, run_chaos
+from .workload import LoadSettings
+
+CYCLE_HEADER = ("cycle", "fault", "target", "hold s", "acked", "info", "fail", "lost", "unavail ms", "ok")
+WIDTHS = (5, 24, 12, 6, 6, 5, 5, 5, 10, 3)
+
+
+@click.command("run")
+@click.option("--dir", "directory", required=True, envvar="HASTORE_CLUSTER_DIR", type=click.Path(file_okay=False),
+              help="The cluster's directory (env HASTORE_CLUSTER_DIR); the history goes to DIR/chaos/.")
+@click.option("--up", "start_cluster", is_flag=True,
+              help="Start a cluster in DIR if none runs, and stop it after the run.")
+@click.option("--proxied", is_flag=True, help="Route links through Toxiproxy proxies (needed by partition and "
+                                              "toxic faults).")
+@click.option("--nemesis", default="kill,pause", show_default=True,
+              help="Fault families (kill, controller, zookeeper, pause, partition, toxic, all) or kinds, "
+                   "comma separated.")
+@click.option("--cycles", default=3, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--time-limit", "time_limit_s", default=300.0, show_default=True, type=click.FloatRange(1, 7 * 86400),
+              help="Seconds of faulting at most (cycles left then are not run).")
+@click.option("--seed", default=0, show_default=True, type=int, help="The schedule follows from it.")
+@click.option("--group", default="g1", show_default=True)
+@click.option("--producers", default=3, show_default=True, type=click.IntRange(1, 64))
+@click.option("--no-slave-reads", is_flag=True, help="Leave out the readers that pull through slaves.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (summary, cycles, schedule, verdict).")
+def run_command(directory, start_cluster, proxied, nemesis, cycles, time_limit_s, seed, group, producers,
+                no_slave_reads, as_json) -> None:
+    """Run the workload with a seeded schedule of faults and check the history."""
+    # kazoo logs every dropped connection while ZooKeeper is faulted: the cycle lines say enough
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    cluster = LocalCluster(directory)
+    settings = RunSettings(nemesis=nemesis, cycles=cycles, seed=seed, time_limit_s=time_limit_s, group=group,
+                           load=LoadSettings(producers=producers, slave_readers=0 if no_slave_reads else 1))
+    started = False
+    try:
+        with contextlib.ExitStack() as stack:
+            if not cluster.running():
+                if not start_cluster:
+                    raise click.ClickException(
+                        f"no cluster is running in {os.path.abspath(directory)}: start one with "
+                        f"`hastore cluster up --dir {directory}`, or pass --up")
+                cluster.up()
+                started = True
+            proxies, address_of = _proxies(stack, cluster, proxied)
+            if not as_json:
+                click.echo(f"chaos run on group {group} in {cluster.directory}: {cycles} cycle(s) of {nemesis}, "
+                           f"seed {seed}")
+            report = run_chaos(cluster, settings, proxies=proxies, address_of=address_of,
+                               on_cycle=None if as_json else _progress)
+    except ClusterStartError as error:
+        for name, tail in error.log_tails.items():
+            click.echo(f"--- last lines of {name}'s log ---\n{tail}", err=True)
+        raise click.ClickException(str(error)) from None
+    except (ClusterError, ChaosError) as error:
+        raise click.ClickException(str(error)) from None
+    finally:
+        if started:
+            cluster.down()
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+    else:
+        click.echo(format_row(CYCLE_HEADER))
+        for record in report.cycles:
+            click.echo(format_row(cycle_row(record)))
+        for line in summary_lines(report):
+            click.echo(line)
+    if not report.ok:
+        raise SystemExit(1)
+
+
+def _proxies(stack: contextlib.ExitStack, cluster: LocalCluster, proxied: bool):
+    """(ToxiproxyClient, node id -> client address) of a proxied cluster, or (None, None)."""
+    if not proxied:
+        return None, None
+    from .proxied_cluster import open_proxies
+    return stack.enter_context(open_proxies(cluster))
+
+
+def _progress(record: CycleRecord) -> None:
+    """A line per cycle while the run goes (stderr; the table with each cycle's counts follows the run)."""
+    click.echo(f"cycle {record.cycle}: {record.kind} on {record.target}, held {record.hold_s:.1f} s, unavailable "
+               f"{_ms(record.unavailable_ms)} ms{': ' + record.error if record.error else ''}", err=True)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def cycle_row(record: CycleRecord) -> tuple:
+    return (record.cycle, record.kind, record.target, f"{record.hold_s:.1f}", record.acked, record.info,
+            record.failed, record.lost, _ms(record.unavailable_ms),
+            "yes" if record.recovered and not record.lost else "NO")
+
+
+def format_row(row: tuple) -> str:
+    return "  ".join(str(cell).rjust(width) for cell, width in zip(row, WIDTHS))
+
+
+def summary_lines(report: RunReport) -> list[str]:
+    """The run's summary as text: errors of cycles, violations, unavailability per kind, history path."""
+    summary = report.summary()
+    lines = [f"cycle {c.cycle}: {c.error}" for c in report.cycles if c.error]
+    lines.append(f"sends: invoked {summary['invoked']}, acked {summary['acked']}, failed {summary['failed']}, "
+                 f"info {summary['info']} ({summary['info_present']} of them stored)")
+    violations = report.verdict.violations()
+    lines.append("safety: " + ", ".join(f"{name} {count}" for name, count in violations.items())
+                 + (": OK" if report.safe else ": VIOLATED"))
+    for kind, row in summary["unavailability_by_kind"].items():
+        lines.append(f"unavailable after {kind}: {row['faults']} fault(s), p50 {_ms(row['p50_ms'])} ms, "
+                     f"p99 {_ms(row['p99_ms'])} ms, max {_ms(row['max_ms'])} ms"
+                     + (f", {row['no_ack_after']} with no ack after" if row["no_ack_after"] else ""))
+    lines.append(f"cycles recovered {summary['cycles_recovered']}/{summary['cycles_run']} "
+                 f"(planned {summary['cycles_planned']}); final master {summary['final_master']}, "
+                 f"replicas caught up: {'yes' if report.caught_up else 'NO'}: {'OK' if report.ok else 'FAILED'}")
+    details = report.verdict.to_json(examples_max=5)
+    for name in ("order", "dirty_reads", "offset_regressions", "divergence"):
+        if details[name]:
+            lines.append(f"{name}: {json.dumps(details[name])}")
+    if details["sends"]["lost"]:
+        lines.append(f"lost: {details['sends']['lost'][:10]}")
+    lines.append(f"history: {report.history_path}")
+    return lines
