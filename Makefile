@@ -21,6 +21,9 @@ system-packages:
 	@# docker-compose checks compose/ (`docker-compose config`, tests/compose); no Docker engine needed
 	@command -v docker-compose >/dev/null || \
 		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker-compose)
+	@# redis-server: the peer of `hastore bench replicate --peer redis` (the bench starts its own, by pid)
+	@command -v redis-server >/dev/null || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server)
 
 test: $(STAMP) system-packages
 	$(BIN)/pytest -q

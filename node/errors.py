@@ -68,3 +68,8 @@ class NodeProcessError(NodeError):
 
 class ClientClosedError(NodeError):
     """A call on a blocking client (node/client/sync.py) that is closed or whose thread ended."""
+
+
+class BenchPeerError(NodeError):
+    """The peer a benchmark compares with (a Redis primary and its replicas) did not start,
+    did not come online, or failed a workload; the message says which and what to check."""

@@ -199,8 +199,16 @@ async def _produce_phase(directory: str, name: str, slaves: int, seconds: float,
               help="Where the stores go (default: a temporary directory, removed afterwards).")
 @click.option("--catchup-only", is_flag=True, help="Measure the catch-up alone (no produce or single-send phases).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_replicate_command(catchup_gib, seconds, samples, directory, catchup_only, as_json) -> None:
-    """Catch-up rate of an empty slave, produce throughput async vs sync, single sync send latency."""
+@click.option("--peer", type=click.Choice(["redis"]), default=None,
+              help="Instead: sync replication to two slaves beside this peer (Redis + WAIT 2), interleaved "
+                   "rounds, medians and ratios (node/bench/sync_compare.py).")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1, 20), help="Rounds with --peer.")
+def bench_replicate_command(catchup_gib, seconds, samples, directory, catchup_only, as_json, peer, rounds) -> None:
+    """Catch-up rate of an empty slave, produce throughput async vs sync, single sync send latency;
+    with --peer redis, hastore's sync replication against Redis's."""
+    if peer is not None:
+        from .sync_compare import compare_command
+        return compare_command(peer, rounds, seconds, samples, directory, as_json)
     async def main(root: str) -> dict:
         report: dict = {"targets": TARGETS}
         click.echo("catch-up ...", err=True)
