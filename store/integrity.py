@@ -19,7 +19,9 @@ queue holds the bytes a fresh dispatch would write.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ import numpy as np
 from . import codec
 from .codec import CorruptMessage, StoredMessage
 from .commit_log import CommitLog
+from .config_files import fsync_directory, write_atomically
 from .config_rebuild import SYS_CONFIG_TOPIC, rebuild_configs
 from .consume_queue import ENTRY_BYTES, FILLER_SIZE, ConsumeQueue, QueueEntry
 from .dispatch_batch import DispatchParser
@@ -38,7 +41,8 @@ from .index_file import IndexService
 
 log = logging.getLogger(__name__)
 
-CORRUPT_OFFSETS_KEPT = 64          # the newest corrupt records named in statistics
+CORRUPT_OFFSETS_KEPT = 64
+REBUILD_MARKER = ".rebuilding"     # in consumequeue/ or index/ while a rebuild runs          # the newest corrupt records named in statistics
 _ENTRY_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 assert _ENTRY_DTYPE.itemsize == ENTRY_BYTES
 
@@ -96,6 +100,8 @@ class Integrity:
         self.config_files_rebuilt = 0
         self.ranges_repaired = 0        # ranges written back from an intact copy
         self.repairs: list[str] = []
+        self._queue_marker = os.path.join(queues.root, REBUILD_MARKER)
+        self._index_marker = os.path.join(index.directory, REBUILD_MARKER)
 
     # --- start ---------------------------------------------------------------------------
     def repair_at_start(self, *, index_missing: bool) -> list[str]:
@@ -104,7 +110,11 @@ class Integrity:
         end = self.dispatcher.dispatched_offset
         repairs = list(commit_log.segments.repairs) + list(self.index.repairs)
         has_log = end > commit_log.min_offset
-        if has_log and not self.queues.queues:
+        interrupted = _read_marker(self._queue_marker)
+        if interrupted is not None:
+            self._warn(repairs, "a consume queue rebuild was interrupted by a crash: doing it again")
+            self.rebuild_queues(None if interrupted == "all" else {tuple(key) for key in interrupted})
+        elif has_log and not self.queues.queues:
             self._warn(repairs, "no consume queue at all for a non-empty commit log: rebuilding them from the log")
             self.rebuild_queues(None)
         else:
@@ -119,6 +129,8 @@ class Integrity:
                                         "rebuilding it from the log")
                 self.rebuild_queues(set(damaged))
         index_reason = "index files missing or deleted" if index_missing or self.index.repairs else ""
+        if _read_marker(self._index_marker) is not None:
+            index_reason = "an index rebuild was interrupted by a crash"
         for index_file in self.index.files:
             index_reason = index_reason or index_damage(commit_log, index_file)
         if has_log and index_reason:
@@ -138,6 +150,9 @@ class Integrity:
         log, up to the dispatched offset. Holds the dispatcher's lock: no pass runs
         meanwhile. Returns how many queues were written."""
         with self.dispatcher.lock:
+            # a crash half way leaves a queue that looks whole but ends early: the marker
+            # makes the next start rebuild it again
+            _write_marker(self._queue_marker, "all" if keys is None else sorted(keys))
             start, end = self.commit_log.min_offset, self.dispatcher.dispatched_offset
             runs: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
             for batch in _batches(self.commit_log, start, end):
@@ -147,6 +162,7 @@ class Integrity:
             targets = set(runs) | (keys or set())
             for queue_key in targets:
                 self._replace_queue(queue_key, runs.get(queue_key, []))
+            _clear_marker(self._queue_marker)
             self.consume_queues_rebuilt += len(targets)
         return len(targets)
 
@@ -172,12 +188,14 @@ class Integrity:
     def rebuild_index(self) -> None:
         """Drop every index file and add the keys of every message of the log again."""
         with self.dispatcher.lock:
+            _write_marker(self._index_marker, "all")
             self.index.destroy_all()
             start, end = self.commit_log.min_offset, self.dispatcher.dispatched_offset
             for batch in _batches(self.commit_log, start, end):
                 if len(batch.key_hashes):
                     self.index.put_many(batch.key_hashes, batch.key_offsets, batch.key_timestamps)
             self.index.flush()
+            _clear_marker(self._index_marker)
             self.index_rebuilds += 1
 
     def rebuild_configs(self, configs) -> list[str]:
@@ -404,3 +422,27 @@ def index_damage(commit_log: CommitLog, index_file) -> str:
 
 _INDEX_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("offset", ">i8"), ("time_diff", ">i4"), ("previous", ">i4")])
 assert _INDEX_ENTRY_DTYPE.itemsize == 20
+
+
+def _write_marker(path: str, content) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_atomically(path, json.dumps(content).encode(), keep_backup=False)
+
+
+def _read_marker(path: str):
+    """The marker's content, None without one ("all" when it is unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return "all"
+
+
+def _clear_marker(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_directory(os.path.dirname(path))

@@ -166,3 +166,29 @@ def test_config_files_are_rebuilt_from_sys_config_records(tmp_path, damage):
         store.shutdown()
     if damage == "corrupt":
         assert os.path.exists(os.path.join(config_dir, "topics.json.damaged"))   # kept, out of the way
+
+
+@pytest.mark.parametrize("directory", ["consumequeue", "index"])
+def test_a_rebuild_a_crash_interrupted_is_done_again(tmp_path, directory):
+    path = str(tmp_path / "s")
+    bodies = _write(path)
+    # what a kill half way through a rebuild leaves: the marker, and files that look whole
+    if directory == "consumequeue":
+        queue_dir = os.path.join(path, "consumequeue", "D", "2")
+        os.unlink(os.path.join(queue_dir, sorted(os.listdir(queue_dir))[-1]))
+        marker = '[["D", 2]]'
+    else:
+        index_dir = os.path.join(path, "index")
+        os.unlink(os.path.join(index_dir, sorted(os.listdir(index_dir))[-1]))
+        marker = '"all"'
+    with open(os.path.join(path, directory, ".rebuilding"), "w") as handle:
+        handle.write(marker)
+    store = _start(path)
+    try:
+        stats = store.statistics().integrity
+        assert any("interrupted" in r for r in stats.repairs)
+        _serves_everything(store, bodies)
+        check_indexes_agree_with_log(store)
+    finally:
+        store.shutdown()
+    assert not os.path.exists(os.path.join(path, directory, ".rebuilding"))
