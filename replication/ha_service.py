@@ -124,7 +124,8 @@ class HAService:
 
     def __init__(self, store: MessageStore, settings: HaServiceSettings, epoch: int, epochs: list[EpochEntry], *,
                  sync_state_set: frozenset | None = None,
-                 on_sync_state_set_change: SyncStateSetHook | None = None) -> None:
+                 on_sync_state_set_change: SyncStateSetHook | None = None,
+                 on_confirm_advanced: Callable[[], None] | None = None) -> None:
         self.store = store
         self.settings = settings
         self.epoch = epoch
@@ -134,7 +135,7 @@ class HAService:
         self.on_sync_state_set_change = on_sync_state_set_change
         # called (on the trio thread) whenever the confirm offset moves: readers capped at it
         # (under a controller) may have new messages
-        self.on_confirm_advanced: Callable[[], None] | None = None
+        self.on_confirm_advanced = on_confirm_advanced
         self._appended = trio.Event()
         self._senders_waiting = 0  # senders parked on _appended (a put renews it only for them)
         self._sync_state_wake = trio.Event()
