@@ -20,6 +20,7 @@
                                      # the controller and role/master_ha_address are ignored
     priority: 0                      # controller mode: lower wins an election tie
     zk_session_timeout_ms: 6000      zk_refresh_interval_ms: 1000
+    peer_ha_addresses: {}            # master HA address -> the address a slave dials instead (a proxy)
     flush: async                     # sync | async
     secret: null                     # when set, clients and slaves pass an HMAC challenge
     busy_poll_us: 200                # poll a connection this long after a request before the
@@ -96,6 +97,9 @@ class NodeConfig:
     priority: int = 0
     zk_session_timeout_ms: int = 6_000
     zk_refresh_interval_ms: int = 1_000
+    # A slave dials peer_ha_addresses[H] instead of its master's HA address H, when listed (a
+    # proxied cluster routes each slave -> master HA link through a proxy of its own).
+    peer_ha_addresses: dict = field(default_factory=dict)
     store: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -111,6 +115,10 @@ class NodeConfig:
             value = getattr(self, name)
             if value is not None and address_problem(value):
                 problems.append(f"{name}: {address_problem(value)}")
+        for peer, dialed in self.peer_ha_addresses.items():
+            if not isinstance(peer, str) or not isinstance(dialed, str) or address_problem(peer) \
+                    or address_problem(dialed):
+                problems.append(f"peer_ha_addresses: {peer!r}: {dialed!r} must map host:port to host:port")
         if self.role not in ("master", "slave"):
             problems.append(f"role: must be 'master' or 'slave', not {self.role!r}")
         if self.zk_hosts is not None and not self.zk_hosts.strip():

@@ -142,6 +142,8 @@ class HaRuntime:
                  self.store.max_physical_offset)
 
     async def _become_slave(self, epoch: int, master_client_address: str | None, master_ha_address: str) -> None:
+        # a proxied cluster: dial this master through the proxy of this slave -> master pair
+        master_ha_address = self.config.peer_ha_addresses.get(master_ha_address, master_ha_address)
         self.role.change(Role.SLAVE, epoch, master_client_address)  # no write is accepted from here on
         self.store.reads_up_to_confirm_offset = False  # a slave serves what it has replicated
         await self._stop_service("stepped down to slave")
