@@ -4,8 +4,9 @@ local controller-mode cluster.
 Per cycle of the schedule (chaos.nemesis.plan_schedule):
 
 1. rest: the workload runs undisturbed for the planned quiet time;
-2. ready: every process of the cluster runs and the group has a master (bounded; a cycle
-   that finds the cluster not back is ``unrecovered`` and the run stops faulting);
+2. ready: every process of the cluster runs, the group has a master and its sync-state set
+   holds every node of the group (bounded; a cycle that finds the cluster not back is
+   ``unrecovered`` and the run stops faulting);
 3. fault: the nemesis starts (recorded in the history as a ``nemesis`` op), holds for its
    planned time, and heals;
 4. recovery: the first acked write after the fault (bounded); unavailable ms = fault -> it.
@@ -244,12 +245,24 @@ class _Runner:
                 down = await trio.to_thread.run_sync(self.control.down_processes)
                 if down:
                     problem = f"not running: {', '.join(down)}"
-                elif await self.locator.master_id() is None:
+                elif (master := await self.locator.master_id()) is None:
                     problem = f"group {self.settings.group} has no master"
+                elif not await self._all_in_sync(master):
+                    problem = f"the sync-state set of {master} does not hold every node of {self.settings.group}"
                 else:
                     return ""
                 await trio.sleep(POLL_INTERVAL_S)
         return problem
+
+    async def _all_in_sync(self, master: str) -> bool:
+        """Whether ``master``'s sync-state set holds every node of the group (so that a fault
+        meets a fully replicated group, not one whose master acks alone)."""
+        try:
+            with trio.fail_after(5):
+                replication = (await _status(self.cluster.node(master).client_address, self.secret))["replication"]
+        except Exception:   # not answering yet: not ready
+            return False
+        return set(replication.get("sync_state_set", ())) >= {s.name for s in self.cluster.nodes(self.settings.group)}
 
     async def _first_ack_after(self, time_s: float, timeout_s: float, count: int = 1) -> float | None:
         """When the ``count``-th send invoked at or after ``time_s`` was acked (waiting up to

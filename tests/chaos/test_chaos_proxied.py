@@ -1,0 +1,63 @@
+"""A proxied local cluster: every link through a proxy of its own, partition and HA-link faults."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import trio
+
+from chaos.nemesis import ha_proxy
+from chaos.proxied_cluster import node_overrides, open_proxies, plan_proxies
+from chaos.run import RunSettings, run_chaos
+from chaos.workload import LoadSettings
+from node.client import open_admin
+from node.errors import NodeConfigError
+from node.server.config import config_from_mapping
+
+
+def test_the_plan_names_a_proxy_per_link_and_routes_each_node_through_its_own():
+    nodes = [("g1-n1", "g1", "c:1", "h:1"), ("g1-n2", "g1", "c:2", "h:2"), ("g2-n1", "g2", "c:3", "h:3")]
+    links = plan_proxies(nodes, "z:1", ["controller-1"])
+    names = {link.name: link for link in links}
+    assert set(names) == {"client_to_g1-n1", "client_to_g1-n2", "client_to_g2-n1", "g1-n1_to_g1-n2_ha",
+                          "g1-n2_to_g1-n1_ha", "g1-n1_to_zk", "g1-n2_to_zk", "g2-n1_to_zk", "controller-1_to_zk"}
+    assert names["g1-n2_to_g1-n1_ha"].upstream == "h:1" and names["client_to_g2-n1"].upstream == "c:3"
+    listen = {link.name: f"p:{index}" for index, link in enumerate(links)}
+    overrides = node_overrides("g1-n2", links, listen, {"g1-n1": "h:1", "g1-n2": "h:2", "g2-n1": "h:3"})
+    assert overrides == {"peer_ha_addresses": {"h:1": listen["g1-n2_to_g1-n1_ha"]}, "zk_hosts": listen["g1-n2_to_zk"]}
+    assert plan_proxies(nodes, None, []) == tuple(l for l in links if l.kind != "zk")
+
+
+def test_node_config_takes_peer_ha_addresses_and_checks_them():
+    config = config_from_mapping({"peer_ha_addresses": {"127.0.0.1:1": "127.0.0.1:2"}})
+    assert config.peer_ha_addresses == {"127.0.0.1:1": "127.0.0.1:2"}
+    with pytest.raises(NodeConfigError, match="peer_ha_addresses"):
+        config_from_mapping({"peer_ha_addresses": {"127.0.0.1:1": "nowhere"}})
+
+
+@pytest.mark.integration
+def test_a_proxied_cluster_replicates_through_its_pair_proxies_and_survives_partitions(controller_cluster):
+    with open_proxies(controller_cluster) as (proxies, address_of):
+        with open(os.path.join(controller_cluster.directory, "chaos", "proxies.json"), encoding="utf-8") as handle:
+            listing = {p["name"]: p for p in json.load(handle)["proxies"]}
+        master = controller_cluster.current_master("g1").node_id
+
+        async def slave_dials():
+            found = {}
+            for spec in controller_cluster.nodes("g1"):
+                if spec.name != master:
+                    async with open_admin(address_of(spec.name)) as admin:
+                        found[spec.name] = (await admin.status())["replication"]["master_ha_address"]
+            return found
+        for slave, dialed in trio.run(slave_dials).items():
+            assert dialed == listing[ha_proxy(slave, master)]["listen"]
+        settings = RunSettings(nemesis="partition-master-slaves,partition-master-zk,ha-blackhole", cycles=3, seed=4,
+                               hold_s=(1.0, 2.0), rest_s=(0.5, 1.0), time_limit_s=90.0,
+                               load=LoadSettings(producers=2, send_interval_ms=10.0))
+        report = run_chaos(controller_cluster, settings, proxies=proxies, address_of=address_of)
+    verdict = report.verdict
+    assert verdict.sends.valid and not verdict.dirty_reads and not verdict.divergence, verdict.to_json()
+    assert report.caught_up and all(c.recovered for c in report.cycles), report.to_json()
+    assert not os.path.exists(os.path.join(controller_cluster.directory, "chaos", "proxies.json"))
