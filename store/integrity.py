@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import codec
-from .codec import CorruptMessage, StoredMessage
+from .codec import StoredMessage
 from .commit_log import CommitLog
 from .config_files import fsync_directory, write_atomically
 from .config_rebuild import SYS_CONFIG_TOPIC, rebuild_configs

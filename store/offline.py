@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 from dataclasses import dataclass, field
 from typing import Iterator
 

@@ -14,7 +14,6 @@ printed (pytest -s shows them)."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
