@@ -273,6 +273,10 @@ def _start_repairs(root: str, hash_slots: int | None, has_config_records: bool) 
             if parse_index_file_name(name) and os.path.getsize(path) != expected:
                 problems.append(Problem(path, 0, f"index file of {os.path.getsize(path)} bytes, expected {expected}: "
                                                  "start deletes it and rebuilds the index"))
+    for directory in ("consumequeue", "index"):
+        if os.path.exists(os.path.join(root, directory, ".rebuilding")):
+            problems.append(Problem(os.path.join(root, directory), 0,
+                                    "a rebuild was interrupted by a crash: start rebuilds it again from the log"))
     checkpoint = read_checkpoint(root)
     if checkpoint is not None and not checkpoint[1] and os.path.getsize(os.path.join(root, "checkpoint")):
         problems.append(Problem(os.path.join(root, "checkpoint"), 0,

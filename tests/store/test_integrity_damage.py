@@ -183,6 +183,7 @@ def test_a_rebuild_a_crash_interrupted_is_done_again(tmp_path, directory):
         marker = '"all"'
     with open(os.path.join(path, directory, ".rebuilding"), "w") as handle:
         handle.write(marker)
+    assert any("interrupted" in p.what for p in offline.verify(path)[0])
     store = _start(path)
     try:
         stats = store.statistics().integrity
