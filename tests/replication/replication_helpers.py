@@ -8,6 +8,7 @@ import os
 
 import pytest
 import trio
+import trio.testing
 
 from replication import EpochFile, HAClient, HaClientSettings, HAService, HaServiceSettings, SyncSettings
 from replication.ha_client import serve_ha_client
@@ -111,9 +112,14 @@ async def start_slave(nursery, store: MessageStore, address: str, *, node_id: st
 
 
 async def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition") -> None:
+    """Until ``predicate()`` holds, checked each time every task of this trio run has been
+    blocked for a millisecond: HA sessions served in this process are waited for without
+    sleeping, and the store's threads still get their turn. Bounded by ``timeout_s``. A run
+    kept busy by a load never goes quiet: it is looked at again every 10 ms then."""
     with trio.move_on_after(timeout_s):
         while not predicate():
-            await trio.sleep(0.01)
+            with trio.move_on_after(0.01):
+                await trio.testing.wait_all_tasks_blocked(cushion=0.001)
         return
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 

@@ -52,9 +52,7 @@ async def test_a_slave_node_serves_reads_and_sends_writers_to_the_master(tmp_pat
             with pytest.raises(NotMasterError) as refused:
                 await admin.create_topic("new")
             assert refused.value.master_address == master.client_address
-            with trio.fail_after(10):
-                while not (await admin.query_by_key("orders", "k123")):
-                    await trio.sleep(0.02)
+            await wait_until(lambda: slave.store.query_by_key("orders", "k123"), what="the slave to index k123")
             found = await admin.query_by_key("orders", "k123")
             assert [m.body for m in found] == [b"order-123"]
             status = await admin.status()
