@@ -7,8 +7,8 @@ Per cycle of the schedule (chaos.nemesis.plan_schedule):
 2. ready: every process of the cluster runs, the group has a master and its sync-state set
    holds every node of the group (bounded; a cycle that finds the cluster not back is
    ``unrecovered`` and the run stops faulting);
-3. fault: the nemesis starts (recorded in the history as a ``nemesis`` op), holds for its
-   planned time, and heals;
+3. fault: the nemesis starts (recorded in the history as a ``nemesis`` op once the fault is
+   in force), holds for its planned time, and heals;
 4. recovery: the first acked write after the fault (bounded); unavailable ms = fault -> it.
 
 Then the workload stops, every process is running again, the group is waited on until all
@@ -220,12 +220,15 @@ class _Runner:
         problem = await self._wait_ready()
         if problem:
             return CycleRecord(**base, target="-", start_s=self.history.now_s(), error=f"before the fault: {problem}")
-        start_s = self.history.now_s()
         try:
             fault = await trio.to_thread.run_sync(start_fault, self.control, planned.kind, self.settings.group,
                                                   planned.pick)
         except NemesisError as error:
-            return CycleRecord(**base, target="-", start_s=start_s, recovered=True, error=f"skipped: {error}")
+            return CycleRecord(**base, target="-", start_s=self.history.now_s(), recovered=True,
+                               error=f"skipped: {error}")
+        # stamped once the fault is in force (a killed process has exited, a proxy is down):
+        # finding the target takes a ZooKeeper read, during which the cluster is still whole
+        start_s = self.history.now_s()
         self.history.append(Op("info", "nemesis", planned.kind, start_s, error=fault.target, process="nemesis"))
         await trio.sleep(planned.hold_s)
         errors = await trio.to_thread.run_sync(heal, self.control, fault)
