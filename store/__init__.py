@@ -19,7 +19,7 @@ _EXPORTS = {
     "StoreConfig": "config",
     "DiskFullError": "errors", "MessageNotFound": "errors", "StoreClosedError": "errors",
     "StoreConfigError": "errors", "StoreCorruptError": "errors", "StoreError": "errors",
-    "Message": "message", "PutResult": "message", "PutStatus": "message",
+    "Message": "message", "PutResult": "message", "PutStatus": "message", "PlainBatch": "put_batch",
     "GetResult": "message_store", "GetStatus": "message_store", "MessageStore": "message_store",
     "StoreStatistics": "message_store",
 }

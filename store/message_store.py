@@ -36,7 +36,7 @@ from .flush import FlushService
 from .index_file import IndexService
 from .integrity import CorruptRecord, Integrity, IntegrityStatistics
 from .message import Message, PutResult, PutStatus
-from .put_batch import batch_columns, plain_batch_columns
+from .put_batch import Batch, PlainBatch, regular_columns
 from .recovery import RecoveryReport, recover
 from .replica_log import CUT, RESET, CutIntent, CutMarker, check_chunk, read_chunk
 from .retention import Retention
@@ -51,9 +51,6 @@ _encode_tail = codec.encode_tail
 _crc32 = codec.crc32
 _new_tuple = tuple.__new__
 PULL_BATCH_MAX = 1024
-# from this many messages a batch may be written column-wise: below it the fixed cost of
-# the column path is more than the per-message loop it replaces
-COLUMNS_MESSAGES_MIN = 4
 
 
 class GetStatus(enum.Enum):
@@ -316,41 +313,22 @@ class MessageStore:
             topic, queue_id, body, _crc32(body) & 0x7FFFFFFF, tail, message.flag, message.sys_flag,
             message.born_timestamp, born_host, message.reconsume_times, message.prepared_transaction_offset, size))
 
-    def append(self, messages: list[Message]) -> list[PutResult]:
-        """Write messages without waiting for the disk; refused ones get their status.
+    def append(self, batch: Batch) -> list[PutResult]:
+        """Write a batch without waiting for the disk; refused messages get their status in
+        their place. The store's one put function.
 
-        A regular batch of several messages is written column-wise (``put_batch``); any
-        other takes ``prepare`` and ``CommitLog.append``, one message at a time."""
+        ``batch`` is a list of Messages or a ``PlainBatch`` (a producer's batch as columns:
+        no Message per message when it is regular). A regular batch of several messages is
+        encoded column-wise (``put_batch``); any other is prepared and placed one message at a
+        time (``prepare``, ``CommitLog.append``). Both write the same bytes."""
         self._check_running()
         if self._write_state_stale:
             self.catch_up_for_writes()
-        columns = None
-        if len(messages) >= COLUMNS_MESSAGES_MIN:
-            columns = batch_columns(messages, self._topic_cache, self._host_cache, self._largest_record)
+        columns = regular_columns(batch, self._topic_cache, self._host_cache, self._largest_record)
         if columns is not None:
             results = self.commit_log.append_columns(columns)
         else:
-            results = self._append_each(messages)
-        self._wake_dispatcher()
-        return results
-
-    def append_plain(self, topic: str, queue_ids: list[int], bodies: list[bytes],
-                     properties: list[dict]) -> list[PutResult]:
-        """``append`` of ``Message(topic, body, queue_id, properties=...)`` for each body,
-        the messages' fields given as columns (what a producer's batch carries): the same
-        records and results, without a Message per message when the batch is regular."""
-        self._check_running()
-        if self._write_state_stale:
-            self.catch_up_for_writes()
-        columns = None
-        if len(bodies) >= COLUMNS_MESSAGES_MIN:
-            columns = plain_batch_columns(topic, queue_ids, bodies, properties, self._topic_cache, self._host_cache,
-                                          self._largest_record)
-        if columns is None:  # irregular or small: the per-message path, as append takes it
-            results = self._append_each([Message(topic, body, queue_id, properties=message_properties)
-                                         for queue_id, body, message_properties in zip(queue_ids, bodies, properties)])
-        else:
-            results = self.commit_log.append_columns(columns)
+            results = self._append_each(batch.messages() if type(batch) is PlainBatch else batch)
         self._wake_dispatcher()
         return results
 
@@ -374,10 +352,11 @@ class MessageStore:
         """Store one message; under ``flush: sync`` return once it is on disk."""
         return self.put_batch([message])[0]
 
-    def put_batch(self, messages: list[Message]) -> list[PutResult]:
-        """Store many messages in one write (per segment). Each message gets its own result:
-        illegal ones are refused alone, the others are written."""
-        results = self.append(messages)
+    def put_batch(self, batch: Batch) -> list[PutResult]:
+        """Store a batch (see ``append``) in one write per segment; under ``flush: sync``
+        return once it is on disk. Each message gets its own result: illegal ones are
+        refused alone, the others are written."""
+        results = self.append(batch)
         if self.config.flush == "sync":
             end = max((r.end_offset for r in results if r.status is PutStatus.PUT_OK), default=0)
             if end and not self.wait_flushed(end):

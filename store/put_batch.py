@@ -8,20 +8,27 @@ the checks are set and count operations over whole columns, the encodings are bo
 ``join`` / ``%`` / ``pack`` methods mapped over zipped columns, the CRCs ``codec.crc32``
 mapped over bodies, headers and tails.
 
-Only a *regular* batch goes this way: every topic and born host already seen by the store
-(so known legal), bodies ``bytes``, queue ids ``int``, properties plain ``str`` maps
-without store-owned names, and KEYS / TAGS either set on every message or on none. Anything
-else (a first message of a new topic, an illegal message, a mixed batch) goes through
-``MessageStore.prepare`` and ``CommitLog.append`` one message at a time, which is also the
-reference: the tests compare both paths byte for byte. Regular means no message can be
-refused, so this path either writes the whole batch or (a full disk) refuses the rest.
+A batch comes in one of two forms, both taken by the store's one put function
+(``MessageStore.append``): a list of ``Message``, or a ``PlainBatch`` (one topic, and per
+message only a queue id, a body and properties, as lists: what a producer's batch carries,
+without a Message per message). ``regular_columns`` turns either into the same columns.
+
+Only a *regular* batch of at least COLUMNS_MESSAGES_MIN messages goes column-wise: every
+topic and born host already seen by the store (so known legal), bodies ``bytes``, queue ids
+``int``, properties plain ``str`` maps without store-owned names, and KEYS / TAGS either set
+on every message or on none. Anything else (a first message of a new topic, an illegal
+message, a mixed batch, a small batch) is prepared and written one message at a time,
+which is also the reference: the tests compare both encodings byte for byte. Regular means
+no message can be refused, so this way either writes the whole batch or (a full disk)
+refuses the rest.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate, chain, count, repeat
 from operator import add, and_, attrgetter
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
 from . import codec
 from .message import Message
@@ -43,6 +50,46 @@ _join_keys = codec.KEY_SEPARATOR.join
 _crc32 = codec.crc32
 _TAIL_FORMAT = b"%s%s%s" + codec.HCRC_PREFIX
 _END_OF_PAIRS = ("",)  # joined last, so a non-empty map's text ends with its separator
+# from this many messages a batch may be written column-wise: below it the fixed cost of
+# the column encoding is more than the per-message loop it replaces
+COLUMNS_MESSAGES_MIN = 4
+
+
+class PlainBatch(NamedTuple):
+    """Messages of one topic that set only a queue id, a body and properties (every other
+    field its default), one list per field: ``Message(topic, bodies[i], queue_ids[i],
+    properties=properties[i])`` for each i."""
+
+    topic: str
+    queue_ids: list[int]
+    bodies: list[bytes]
+    properties: list[dict]
+
+    def messages(self) -> list[Message]:
+        """The same batch as Messages, for the per-message path."""
+        return [Message(self.topic, body, queue_id, properties=message_properties)
+                for queue_id, body, message_properties in zip(self.queue_ids, self.bodies, self.properties)]
+
+
+# what the store's put function takes: Messages, or a plain batch as columns
+Batch = Union[Sequence[Message], PlainBatch]
+
+
+def regular_columns(batch: Batch, tail_prefixes: dict[str, bytes], born_hosts: dict[str, bytes],
+                    largest_record: int) -> BatchColumns | None:
+    """The columns of ``batch`` if it is regular and has at least COLUMNS_MESSAGES_MIN
+    messages; None if it must go message by message (see the module docstring)."""
+    if type(batch) is PlainBatch:
+        if not len(batch.queue_ids) == len(batch.bodies) == len(batch.properties):
+            raise ValueError(f"a plain batch needs one queue id, body and properties map per message, not "
+                             f"{len(batch.queue_ids)}, {len(batch.bodies)} and {len(batch.properties)}")
+        if len(batch.bodies) < COLUMNS_MESSAGES_MIN:
+            return None
+        return plain_batch_columns(batch.topic, batch.queue_ids, batch.bodies, batch.properties, tail_prefixes,
+                                   born_hosts, largest_record)
+    if len(batch) < COLUMNS_MESSAGES_MIN:
+        return None
+    return batch_columns(batch, tail_prefixes, born_hosts, largest_record)
 
 
 class BatchColumns(NamedTuple):

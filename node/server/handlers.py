@@ -22,7 +22,7 @@ from typing import Awaitable, Callable
 import trio
 
 from replication.errors import ReplicaWaitError
-from store import GetStatus, Message, MessageStore, PutResult, PutStatus
+from store import GetStatus, Message, MessageStore, PlainBatch, PutResult, PutStatus
 from store.codec import StoredMessage
 from store.errors import MessageNotFound, StoreClosedError, StoreCorruptError, StoreError
 
@@ -198,7 +198,7 @@ class RequestHandlers:
             queue_ids = self._next_queue_ids(topic, len(bodies), queue_count)
 
             def append():
-                return self.store.append_plain(topic, queue_ids, bodies, properties)
+                return self.store.append(PlainBatch(topic, queue_ids, bodies, properties))
         else:
             raw_messages = f.list("messages", protocol.BATCH_COUNT_MAX)
             if not raw_messages:

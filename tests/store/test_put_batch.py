@@ -1,7 +1,9 @@
-"""The column-wise put of a regular batch (store/put_batch.py) against the per-message path.
+"""The store's one put function (``MessageStore.append``): the column-wise encoding of a
+regular batch (store/put_batch.py) against the per-message encoding, for both forms of a
+batch (Messages, PlainBatch).
 
-Both paths must write the same bytes and return the same results for the same messages;
-anything the column path cannot vouch for must go the per-message way (refusals in place).
+Both encodings must write the same bytes and return the same results for the same messages;
+anything the columns cannot vouch for must go message by message (refusals in place).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Message, PutStatus, put_batch
+from store import Message, PlainBatch, PutStatus, put_batch
 from store.errors import DiskFullError
 from store.mapped_file import MappedFile
 from store_helpers import pull_all, scan_commit_log
@@ -260,56 +262,67 @@ def test_populate_for_write_leaves_the_bytes_alone(tmp_path):
     assert mapped.populate_for_write(0, mapped.size) is True   # closed: nothing to do
 
 
-# --- append_plain: a producer's batch given as columns -----------------------------------
+# --- PlainBatch: a producer's batch given as columns ------------------------------------
 def _plain(count: int, topic: str = "orders") -> list[Message]:
     return [Message(topic, f"body-{i}".encode() * (i % 5 + 1), queue_id=i % 4,
                     properties={"UNIQ_KEY": f"{i:032X}", "shop": "7"} if i % 7 else {}) for i in range(count)]
 
 
-def _plain_columns(messages):
-    return ([m.queue_id for m in messages], [m.body for m in messages], [m.properties for m in messages])
+def _plain_batch(messages, topic: str = "orders") -> PlainBatch:
+    return PlainBatch(topic, [m.queue_id for m in messages], [m.body for m in messages],
+                      [m.properties for m in messages])
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["known topic", "first batch of a topic"])
-def test_append_plain_writes_what_append_writes_for_the_same_messages(open_store, warm):
-    messages = _plain(40)
+@pytest.mark.parametrize("count", [1, 3, 40])
+def test_a_plain_batch_writes_what_its_messages_write(open_store, warm, count):
+    messages = _plain(count)
     plain_store, each_store = open_store(), open_store()
     if warm:
         for store in (plain_store, each_store):
             _warm(store, messages)
-    columns = put_batch.plain_batch_columns("orders", *_plain_columns(messages), plain_store._topic_cache,
-                                            plain_store._host_cache, plain_store._largest_record)
-    assert (columns is not None) == warm  # a topic not seen yet is left to the per-message path
-    plain_results = plain_store.append_plain("orders", *_plain_columns(messages))
+    columns = put_batch.regular_columns(_plain_batch(messages), plain_store._topic_cache, plain_store._host_cache,
+                                        plain_store._largest_record)
+    # a topic not seen yet, or a small batch, is left to the per-message encoding
+    assert (columns is not None) == (warm and count >= put_batch.COLUMNS_MESSAGES_MIN)
+    plain_results = plain_store.append(_plain_batch(messages))
     each_results = each_store._append_each(messages)
-    assert [r.status for r in plain_results] == [PutStatus.PUT_OK] * 40
+    assert [r.status for r in plain_results] == [PutStatus.PUT_OK] * count
     assert plain_results == each_results
     assert _log_bytes(plain_store) == _log_bytes(each_store)
     plain_store.wait_dispatched()
-    read = pull_all(plain_store, "orders", 1)
-    assert [m.body for m in read][-1] == messages[37].body and read[-1].properties["UNIQ_KEY"] == f"{37:032X}"
+    read = pull_all(plain_store, "orders", (count - 1) % 4)
+    assert read[-1].body == messages[-1].body
+    assert messages[-1].properties.items() <= read[-1].properties.items()
 
 
 @pytest.mark.parametrize("fault", ["a body not bytes", "a property value not a string", "a map not a dict",
                                    "a store-owned name"])
-def test_append_plain_refuses_in_place_what_append_refuses(open_store, fault):
+def test_a_plain_batch_is_refused_in_place_as_its_messages_are(open_store, fault):
     messages = _plain(12)
-    queue_ids, bodies, properties = _plain_columns(messages)
+    batch = _plain_batch(messages)
     if fault == "a body not bytes":
-        bodies[5] = "text"
+        batch.bodies[5] = "text"
     elif fault == "a property value not a string":
-        properties[5] = {"UNIQ_KEY": 5}
+        batch.properties[5] = {"UNIQ_KEY": 5}
     elif fault == "a map not a dict":
-        properties[5] = [("UNIQ_KEY", "x")]
+        batch.properties[5] = [("UNIQ_KEY", "x")]
     else:
-        properties[5] = {"HCRC": "00000000"}
+        batch.properties[5] = {"HCRC": "00000000"}
     plain_store, each_store = open_store(), open_store()
     for store in (plain_store, each_store):
         _warm(store, messages)
-    plain_results = plain_store.append_plain("orders", queue_ids, bodies, properties)
-    each_results = each_store._append_each([Message("orders", body, queue_id, properties=props)
-                                            for queue_id, body, props in zip(queue_ids, bodies, properties)])
+    plain_results = plain_store.append(batch)
+    each_results = each_store._append_each(batch.messages())
     assert plain_results == each_results
     assert plain_results[5].status is PutStatus.MESSAGE_ILLEGAL
     assert [r.status for i, r in enumerate(plain_results) if i != 5] == [PutStatus.PUT_OK] * 11
     assert _log_bytes(plain_store) == _log_bytes(each_store)
+
+
+def test_a_plain_batch_with_columns_of_different_lengths_is_a_programming_error(open_store):
+    store = open_store()
+    before = store.commit_log.max_offset
+    with pytest.raises(ValueError, match="one queue id, body and properties map per message"):
+        store.append(PlainBatch("orders", [0, 1], [b"a", b"b", b"c"], [{}, {}, {}]))
+    assert store.commit_log.max_offset == before
