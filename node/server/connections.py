@@ -52,32 +52,45 @@ class ServerStatistics:
     busy_poll_seconds: float   # time spent polling
 
 
+@dataclass(slots=True)
+class ConnectionCounts:
+    """A server's connection counters. Its owner may make them before the server, so that
+    a part built ahead of it (the status reply the handlers give) can read them."""
+
+    open: int = 0
+    accepted: int = 0
+    refused: int = 0
+    frame_errors: int = 0
+    auth_failures: int = 0
+
+
 class ClientServer:
     """Serves the client protocol on any trio stream (TCP or in-memory)."""
 
     def __init__(self, config: NodeConfig, handlers: RequestHandlers, metrics: NodeMetrics,
-                 busy_poll: BusyPoll | None = None) -> None:
+                 busy_poll: BusyPoll | None = None, counts: ConnectionCounts | None = None) -> None:
         self.config = config
         self.handlers = handlers
         self.metrics = metrics
         self.busy_poll = busy_poll or BusyPoll(0)
-        self.connections = 0
-        self._accepted = self._refused = self._frame_errors = self._auth_failures = 0
+        self.counts = counts if counts is not None else ConnectionCounts()
 
     def statistics(self) -> ServerStatistics:
         polled = self.busy_poll.statistics()
-        return ServerStatistics(self.connections, self._accepted, self._refused, self._frame_errors,
-                                self._auth_failures, polled.reads, polled.seconds)
+        counts = self.counts
+        return ServerStatistics(counts.open, counts.accepted, counts.refused, counts.frame_errors,
+                                counts.auth_failures, polled.reads, polled.seconds)
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it closes; never raises for anything the peer does."""
-        if self.connections >= self.config.connections_max:
-            self._refused += 1
+        counts = self.counts
+        if counts.open >= self.config.connections_max:
+            counts.refused += 1
             await _send_and_close(stream, protocol.error_reply(
-                None, ResponseCode.SYSTEM_BUSY, f"the node holds {self.connections} connections, its limit"))
+                None, ResponseCode.SYSTEM_BUSY, f"the node holds {counts.open} connections, its limit"))
             return
-        self.connections += 1
-        self._accepted += 1
+        counts.open += 1
+        counts.accepted += 1
         self.metrics.connections.inc()
         self.metrics.connections_total.inc()
         try:
@@ -87,7 +100,7 @@ class ClientServer:
         except Exception:  # a bug in this node: it ends this connection, never the node
             log.exception("connection failed")
         finally:
-            self.connections -= 1
+            counts.open -= 1
             self.metrics.connections.dec()
             await trio.aclose_forcefully(stream)
 
@@ -131,7 +144,7 @@ class ClientServer:
                 if replies:
                     await writer.write(replies[0] if len(replies) == 1 else b"".join(replies))
                 if decoder.error is not None:
-                    self._frame_errors += 1
+                    self.counts.frame_errors += 1
                     code = ResponseCode.FRAME_TOO_LARGE if isinstance(decoder.error, protocol.FrameTooLarge) \
                         else ResponseCode.BAD_FRAME
                     await writer.write_last(protocol.encode_frame(protocol.error_reply(None, code,
@@ -174,24 +187,24 @@ class ClientServer:
                 try:
                     frames = decoder.feed_strict(data)
                 except FrameError as error:
-                    self._auth_failures += 1
+                    self.counts.auth_failures += 1
                     await _send_and_close(stream, protocol.error_reply(None, ResponseCode.BAD_FRAME, str(error)))
                     return None
         if not frames:
-            self._auth_failures += 1
+            self.counts.auth_failures += 1
             await _send_and_close(stream, protocol.error_reply(None, ResponseCode.AUTH_REQUIRED,
                                                                "no AUTH reply to the challenge in time"))
             return None
         first = frames[0]
         opaque = protocol.opaque_of(first)
         if not isinstance(first, dict) or first.get("code") != RequestCode.AUTH:
-            self._auth_failures += 1
+            self.counts.auth_failures += 1
             await _send_and_close(stream, protocol.error_reply(
                 opaque, ResponseCode.AUTH_REQUIRED, "this node requires authentication: answer the challenge first"))
             return None
         digest = first.get("digest")
         if not isinstance(digest, bytes) or not hmac.compare_digest(digest, auth_digest(self.config.secret, nonce)):
-            self._auth_failures += 1
+            self.counts.auth_failures += 1
             await _send_and_close(stream, protocol.error_reply(opaque, ResponseCode.AUTH_FAILED,
                                                                "wrong secret: HMAC does not match"))
             return None

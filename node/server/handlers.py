@@ -17,7 +17,7 @@ import time
 from itertools import chain
 from operator import attrgetter
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import trio
 
@@ -33,6 +33,9 @@ from .metrics import NodeMetrics
 from ..wire.protocol import Fields, RequestCode
 from .role import RoleMachine
 from .sys_config import SysConfig
+
+if TYPE_CHECKING:
+    from .ha_roles import HaRuntime
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +93,25 @@ class RequestHandlers:
     """Answers requests against one store, under the node's role."""
 
     def __init__(self, config: NodeConfig, store: MessageStore, role: RoleMachine, sys_config: SysConfig,
-                 metrics: NodeMetrics, status_extra: Callable[[], dict] | None = None) -> None:
+                 metrics: NodeMetrics, status_extra: Callable[[], dict] | None = None, *,
+                 waiters: PullWaiters | None = None, replicas: HaRuntime | None = None) -> None:
+        """``status_extra``: more sections of a status reply (the node's transport, replication,
+        controller). ``waiters``: the long polls' table, shared with whoever wakes them (a new
+        one by default). ``replicas``: the node's replication runtime (node/server/ha_roles.py);
+        None: no replication (bare handlers)."""
         self.config = config
         self.store = store
         self.role = role
         self.sys_config = sys_config
         self.metrics = metrics
-        self.waiters = PullWaiters()
+        self.waiters = waiters if waiters is not None else PullWaiters()
         self.status_extra = status_extra or (lambda: {})
         self._round_robin: dict[str, int] = {}
         self._requests = 0
         self._errors = 0
         self._tally = metrics.tally
         self._sync_flush = config.flush == "sync"
-        # the node's replication runtime (node/server/ha_roles.py); None: no replication (bare handlers)
-        self.replicas = None
+        self.replicas = replicas
         # by the code's int value (not RequestCode(code)): an enum lookup by value costs
         # more than a dict lookup on every request
         self._table = {int(code): (code, handler) for code, handler in {
