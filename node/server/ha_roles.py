@@ -1,6 +1,7 @@
 """The node's replication parts and the one place that moves it between roles.
 
-    runtime = HaRuntime(config, store, role, sys_config, ha_listeners, client_address)
+    runtime = HaRuntime(config, store, role, sys_config, epochs, ha_listeners, ha_address, client_address,
+                        on_confirm_advanced=waiters.notify_all)  # and, under a controller, its permit
     await nursery.start(runtime.run)                       # owns the HA tasks' nursery
     await runtime.change_role(Role.MASTER, epoch)          # or Role.SLAVE with the master's addresses
     runtime.fence("ZooKeeper session SUSPENDED")            # at once: nothing more is acked
@@ -47,7 +48,6 @@ class _Part:
         self.name = name
         self.scope = trio.CancelScope()
         self.done = trio.Event()
-        self.value = None
 
     async def stop(self) -> None:
         self.scope.cancel()
@@ -58,8 +58,15 @@ class HaRuntime:
     """Owns the epoch file, the HAService (master) or HAClient (slave), and role changes."""
 
     def __init__(self, config: NodeConfig, store: MessageStore, role: RoleMachine, sys_config: SysConfig,
-                 ha_listeners: list, ha_address: str, client_address: str, *,
-                 on_sync_state_set_change: Callable[[frozenset], Awaitable[None]] | None = None) -> None:
+                 epochs: EpochFile, ha_listeners: list, ha_address: str, client_address: str, *,
+                 write_permit: Callable[[int], bool] | None = None,
+                 on_sync_state_set_change: Callable[[frozenset], Awaitable[None]] | None = None,
+                 on_confirm_advanced: Callable[[], None] | None = None) -> None:
+        """``epochs``: the store's epoch file, loaded by ``run``. Controller mode passes
+        ``write_permit`` (the agent's ``may_ack``, checked before a put is written and when it
+        is acknowledged; revoked on kazoo's threads at once) and ``on_sync_state_set_change``
+        (persists a master's set before it counts). ``on_confirm_advanced`` is told when the
+        confirm offset moves (the node wakes long polls capped at it)."""
         self.config = config
         self.store = store
         self.role = role
@@ -67,8 +74,10 @@ class HaRuntime:
         self.ha_listeners = ha_listeners
         self.ha_address = ha_address
         self.client_address = client_address
-        self.on_sync_state_set_change = on_sync_state_set_change
-        self.epochs = EpochFile(store.config.store_path)
+        self.epochs = epochs
+        self._write_permit = write_permit
+        self._on_sync_state_set_change = on_sync_state_set_change
+        self._on_confirm_advanced = on_confirm_advanced
         self.sync_replication = config.replication == "sync"
         self.ha_service: HAService | None = None
         self.ha_client: HAClient | None = None
@@ -77,11 +86,6 @@ class HaRuntime:
         self._master_ha_address: str | None = None
         self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()
-        # controller mode: the agent's write permit (``NodeAgent.may_ack``), checked before a
-        # put is written and when it is acknowledged; revoked on kazoo's threads at once
-        self.external_permit: Callable[[int], bool] | None = None
-        # told when the confirm offset moves (the node wakes long polls capped at it)
-        self.on_confirm_advanced: Callable[[], None] | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Hold the nursery the HA parts run in until cancelled."""
@@ -130,8 +134,8 @@ class HaRuntime:
         await trio.to_thread.run_sync(self.sys_config.replay)
         service = HAService(self.store, self._service_settings(), epoch, self.epochs.entries,
                             sync_state_set=sync_state_set,
-                            on_sync_state_set_change=self.on_sync_state_set_change)
-        service.on_confirm_advanced = self.on_confirm_advanced
+                            on_sync_state_set_change=self._on_sync_state_set_change,
+                            on_confirm_advanced=self._on_confirm_advanced)
         # under a controller a failover elects any member of the sync-state set, so a consumer
         # reads only what all of them hold (DESIGN.md); a static master serves what it has
         self.store.reads_up_to_confirm_offset = self.config.zk_hosts is not None
@@ -174,7 +178,7 @@ class HaRuntime:
     # --- the put path (handlers) ---------------------------------------------------------
     def check_for_put(self) -> None:
         """Before a put is written: ReplicaWaitError if it could not be acknowledged."""
-        permit = self.external_permit
+        permit = self._write_permit
         if permit is not None and not permit(self.role.state.epoch):
             raise ReplicationFenced("this node holds no write permit from the controller (ZooKeeper session "
                                     "suspended or lost, or a newer master elected): it acknowledges no write")
@@ -200,7 +204,7 @@ class HaRuntime:
     def may_ack(self, epoch: int) -> bool:
         """True while this node may acknowledge a write it took in ``epoch``."""
         state = self.role.state
-        permit = self.external_permit
+        permit = self._write_permit
         return state.role is Role.MASTER and state.epoch == epoch and state.fenced is None \
             and (permit is None or permit(epoch))
 
@@ -215,7 +219,7 @@ class HaRuntime:
             finally:
                 part.done.set()
 
-        part.value = await self._nursery.start(run)
+        await self._nursery.start(run)
         return part
 
     async def _stop_service(self, reason: str) -> None:
@@ -234,8 +238,7 @@ class HaRuntime:
 
     def _after_truncation(self, offset: int) -> None:
         """The log was cut: %SYS%CONFIG records past the cut are gone, replay from there later."""
-        self.sys_config.applied_queue_offset = min(self.sys_config.applied_queue_offset,
-                                                   self.store.max_offset(SYS_CONFIG_TOPIC, 0))
+        self.sys_config.forget_from(self.store.max_offset(SYS_CONFIG_TOPIC, 0))
 
     def _service_settings(self) -> HaServiceSettings:
         c = self.config

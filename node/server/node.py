@@ -10,7 +10,14 @@ address), start the store (recovery) in a worker thread, with its dispatch run i
 trio loop rather than on a thread of its own (dispatch_loop.py), replay %SYS%CONFIG records past
 the checkpointed config files, take the static role from the config (replication parts
 started, see ha_roles.py) or, with ``zk_hosts``, start the controller agent and wait fenced
-for its assignment (controller_mode.py), then serve. Cancellation persists the config files and
+for its assignment (controller_mode.py), then serve.
+
+Every part gets its collaborators through its constructor, so the parts are built in an
+order that follows who needs whom: the epoch file and, under a controller, the agent
+(whose write permit and sync-state set persister the replication runtime takes); the long
+polls' table (the replication runtime wakes it when the confirm offset moves); the
+replication runtime; the connection counters and busy poll (which the status reply
+reads); the handlers; the client server. Cancellation persists the config files and
 shuts the store down cleanly, shielded, so a SIGTERM never leaves an abort file behind.
 """
 
@@ -19,20 +26,23 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass
+from typing import Callable
 
 import trio
 
+from controller import NodeAgent
+from replication import EpochFile
 from store import MessageStore
 
 from .busy_poll import BusyPoll
 from .config import NodeConfig
-from .controller_mode import agent_settings, serve_controller_agent
+from .controller_mode import ControllerMode, Registration, agent_settings
 from .dispatch_loop import LoopCaller, idle_pass, serve_dispatch
 from .ha_roles import HaRuntime
-from .handlers import RequestHandlers
+from .handlers import PullWaiters, RequestHandlers
 from .metrics import NodeMetrics, open_listeners, serve_metrics
 from .role import Role, RoleMachine
-from .connections import ClientServer, serve_clients
+from .connections import ClientServer, ConnectionCounts, serve_clients
 from .sys_config import SysConfig
 
 log = logging.getLogger(__name__)
@@ -53,7 +63,7 @@ class Node:
     metrics: NodeMetrics
     ha: HaRuntime
     ha_address: str
-    agent: object | None = None        # controller mode: the controller.NodeAgent
+    agent: NodeAgent | None = None     # controller mode: the controller.NodeAgent
 
     async def change_role(self, role: Role, epoch: int, master_client_address: str | None = None, *,
                           master_ha_address: str | None = None, sync_state_set: frozenset | None = None) -> None:
@@ -106,45 +116,47 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             log.info("node %s: replayed %d %%SYS%%CONFIG records", config.node_id, replayed)
             # a slave until the static role (or a controller) says otherwise: no write before HA is up
             role = RoleMachine(Role.SLAVE, 0, config.master_client_address)
-            ha = HaRuntime(config, store, role, sys_config, ha_listeners, ha_address, client_address)
+            epochs = EpochFile(store.config.store_path)  # loaded by ha.run
+            controller = None
+            if config.zk_hosts is not None:
+                controller = ControllerMode(agent_settings(config), Registration(
+                    client_address, ha_address, config.priority, max_offset=lambda: store.max_physical_offset,
+                    last_epoch=lambda: epochs.last_epoch))
+            waiters = PullWaiters()
+            ha = HaRuntime(config, store, role, sys_config, epochs, ha_listeners, ha_address, client_address,
+                           write_permit=controller.agent.may_ack if controller is not None else None,
+                           on_sync_state_set_change=controller.persist_sync_state_set if controller is not None
+                           else None,
+                           on_confirm_advanced=waiters.notify_all)
             metrics = NodeMetrics(config.node_id)
             metrics.watch_store(store)
             metrics.watch_replication(ha.status)
-            server_box: list[ClientServer] = []
-            node_box: list[Node] = []
-            handlers = RequestHandlers(config, store, role, sys_config, metrics,
-                                       status_extra=lambda: {"connections": server_box[0].connections,
-                                                             "busy_poll": _busy_poll_status(server_box[0]),
-                                                             "client_address": client_address,
-                                                             "ha_address": ha_address,
-                                                             "metrics_address": metrics_address,
-                                                             "replication": ha.status(),
-                                                             "controller": _controller_status(node_box)})
-            handlers.replicas = ha
-            ha.on_confirm_advanced = handlers.waiters.notify_all
-            server = ClientServer(config, handlers, metrics,
-                                  BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher)))
-            server_box.append(server)
+            counts = ConnectionCounts()
+            busy_poll = BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher))
+            status = StatusSources(client_address, ha_address, metrics_address, config.busy_poll_us, counts,
+                                   busy_poll, replication=ha.status,
+                                   controller=controller.status if controller is not None else None)
+            handlers = RequestHandlers(config, store, role, sys_config, metrics, status, waiters=waiters, replicas=ha)
+            server = ClientServer(config, handlers, metrics, busy_poll, counts)
 
             def on_dispatch(dispatched_offset: int, grown_queues: set) -> None:
                 # only when a long poll waits on a grown queue. Passes run in this loop
                 # (serve_dispatch, or a put's catch_up_for_writes); one on another thread (a
                 # store method run with to_thread) hands over without blocking that thread
-                if grown_queues and handlers.waiters.any_waiting(grown_queues):
-                    in_loop.call(handlers.waiters.notify, grown_queues)
+                if grown_queues and waiters.any_waiting(grown_queues):
+                    in_loop.call(waiters.notify, grown_queues)
 
             listener = on_dispatch
             store.add_dispatch_listener(on_dispatch)
             node = Node(config, client_address, metrics_address, store, role, sys_config, handlers, server, metrics, ha,
-                        ha_address)
-            node_box.append(node)
+                        ha_address, controller.agent if controller is not None else None)
             await nursery.start(ha.run)
             if config.zk_hosts is None:
                 await _take_static_role(node)
             else:
                 # controller mode: a fenced slave until the controller says otherwise
                 node.fence("waiting for the controller's assignment")
-                await nursery.start(serve_controller_agent, node, agent_settings(config))
+                await nursery.start(controller.serve, ha)
             await nursery.start(serve_clients, server, client_listeners)
             await nursery.start(serve_metrics, metrics_listeners, metrics)
             nursery.start_soon(_persist_config_periodically, sys_config, config.config_persist_interval_ms)
@@ -158,22 +170,30 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             await trio.to_thread.run_sync(_shutdown, store, sys_config)
 
 
-def _busy_poll_status(server: ClientServer) -> dict:
-    statistics = server.statistics()
-    return {"window_us": server.config.busy_poll_us if server.busy_poll.enabled else 0,
-            "reads": statistics.busy_poll_reads, "seconds": round(statistics.busy_poll_seconds, 6)}
+@dataclass(frozen=True)
+class StatusSources:
+    """The sections a node's status reply adds to the handlers' own (``status_extra``), read
+    from parts made before the handlers: the bound addresses, the connection counters and
+    busy poll the client server will use, the replication runtime's status and, under a
+    controller, the agent's."""
 
+    client_address: str
+    ha_address: str
+    metrics_address: str
+    busy_poll_us: int
+    counts: ConnectionCounts
+    busy_poll: BusyPoll
+    replication: Callable[[], dict]
+    controller: Callable[[], dict] | None
 
-def _controller_status(node_box: list) -> dict | None:
-    """The ``controller`` section of a status reply (None without a controller)."""
-    if not node_box or node_box[0].agent is None:
-        return None
-    node = node_box[0]
-    stats = node.agent.statistics()
-    return {"zk_hosts": node.config.zk_hosts, "zk_state": stats.zk_state, "session_id": stats.session_id,
-            "registered": stats.registered, "assignment": stats.assignment, "epoch": stats.epoch,
-            "master_node_id": stats.master_node_id, "may_ack": stats.write_permit_epoch is not None,
-            "fences": stats.fences, "waiting_reason": stats.waiting_reason}
+    def __call__(self) -> dict:
+        polled = self.busy_poll.statistics()
+        return {"connections": self.counts.open,
+                "busy_poll": {"window_us": self.busy_poll_us if self.busy_poll.enabled else 0,
+                              "reads": polled.reads, "seconds": round(polled.seconds, 6)},
+                "client_address": self.client_address, "ha_address": self.ha_address,
+                "metrics_address": self.metrics_address, "replication": self.replication(),
+                "controller": self.controller() if self.controller is not None else None}
 
 
 async def _take_static_role(node: Node) -> None:

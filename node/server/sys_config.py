@@ -97,6 +97,10 @@ class SysConfig:
         else:
             log.warning("ignoring a %s record of unknown type %r", SYS_CONFIG_TOPIC, kind)
 
+    def forget_from(self, queue_offset: int) -> None:
+        """The log was cut: records from ``queue_offset`` on are gone, replay from there later."""
+        self.applied_queue_offset = min(self.applied_queue_offset, queue_offset)
+
     # --- start and checkpoint ------------------------------------------------------------
     def replay(self) -> int:
         """Apply every %SYS%CONFIG record past the checkpoint (blocking: run in a thread)."""
