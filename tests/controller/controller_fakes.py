@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from controller import MasterRecord, NodeAgent
+from controller import AgentSettings, MasterRecord, NodeAgent
 
 TICK_MS = 250                 # the test server grants sessions of 0.5-5 s
 SESSION_TIMEOUT_MS = 2000
@@ -51,11 +51,12 @@ class AckHistory:
 
 
 class FakeNode:
-    """Implements the agent's AgentNode protocol; methods are called on the agent's thread."""
+    """Implements the agent's AgentNode protocol; methods are called on the agent's thread.
+    It embeds its agent as a node does (``agent``, not started)."""
 
-    def __init__(self, node_id: str, history: AckHistory, *, max_offset: int = 0, epoch: int = 0,
+    def __init__(self, settings: AgentSettings, history: AckHistory, *, max_offset: int = 0, epoch: int = 0,
                  priority: int = 0) -> None:
-        self.node_id = node_id
+        self.node_id = settings.node_id
         self.history = history
         self.max_offset = max_offset
         self.epoch = epoch
@@ -63,8 +64,8 @@ class FakeNode:
         self.role = "slave"
         self.master_id: str | None = None
         self.events: list[tuple] = []
-        self.agent: NodeAgent | None = None
         self._cond = threading.Condition()
+        self.agent = NodeAgent(settings, self)
 
     # -- AgentNode ----------------------------------------------------------------------------
     def node_info(self) -> dict:
@@ -92,7 +93,7 @@ class FakeNode:
     # -- the node's write path ---------------------------------------------------------------
     def write(self) -> bool:
         with self.history.lock:
-            if self.role != "master" or self.agent is None or not self.agent.may_ack(self.epoch):
+            if self.role != "master" or not self.agent.may_ack(self.epoch):
                 return False
             self.max_offset += 100
             self.history.acks.append(Ack(len(self.history.acks), self.node_id, self.epoch, time.monotonic()))
@@ -172,14 +173,12 @@ class Harness:
 
     def node(self, node_id: str, group: str = "g1", *, max_offset: int = 0, epoch: int = 0, priority: int = 0,
              session_timeout_ms: int | None = None, refresh_interval_ms: int = 200) -> FakeNode:
-        from controller import AgentSettings
-        node = FakeNode(node_id, self.history, max_offset=max_offset, epoch=epoch, priority=priority)
-        agent = NodeAgent(AgentSettings(self.hosts, self.cluster, group, node_id,
-                                        session_timeout_ms=session_timeout_ms or self.session_timeout_ms,
-                                        refresh_interval_ms=refresh_interval_ms, zk_timeout_s=3.0), node)
-        node.agent = agent
-        agent.start()
-        self._running.append(agent)
+        settings = AgentSettings(self.hosts, self.cluster, group, node_id,
+                                 session_timeout_ms=session_timeout_ms or self.session_timeout_ms,
+                                 refresh_interval_ms=refresh_interval_ms, zk_timeout_s=3.0)
+        node = FakeNode(settings, self.history, max_offset=max_offset, epoch=epoch, priority=priority)
+        node.agent.start()
+        self._running.append(node.agent)
         return node
 
     def stop(self, component) -> None:
