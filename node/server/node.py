@@ -67,7 +67,8 @@ class Node:
 
     async def change_role(self, role: Role, epoch: int, master_client_address: str | None = None, *,
                           master_ha_address: str | None = None, sync_state_set: frozenset | None = None) -> None:
-        """The one entry point the controller agent (and tests) use to move this node between roles.
+        """Move this node between roles (the static role and tests; controller mode calls the same
+        ``HaRuntime.change_role`` from ``ControllerMode.serve``).
 
         Becoming master: stop the HA client, record (epoch, max offset) in the epoch file,
         wait for dispatch, start the HAService, accept writes (``sync_state_set``: the set a
