@@ -1,0 +1,142 @@
+"""Segments to partitions: record boundaries, ranges and pruning. Pure: reads bytes, no Spark.
+
+A partition is a slice of one CommitLog segment, ``[begin, end)`` in file positions, that
+starts on a record boundary. Boundaries are found by walking record sizes from the segment's
+start with the codec's own structural check (``store.codec.check_record`` without CRCs): a
+slice never starts where a guess put it. A segment no larger than ``max_bytes`` is one slice.
+
+A segment wholly outside the wanted physical offset range is dropped by its name alone; one
+wholly outside the store time range is dropped after reading only the first record's store
+timestamp of it and of the next segment (records are stamped in log order, so a segment's
+times lie between its first record's and the next segment's first record's).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+from store import codec
+
+from .stores import Segment, StoreDir, first_store_timestamp_ms, list_segments
+
+MAX_BYTES_PER_PARTITION_DEFAULT = 128 * 1024 * 1024
+MAX_BYTES_PER_PARTITION_MIN = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What a read wants: physical offsets in ``[offset_min, offset_end)``, store times in
+    ``[time_min_ms, time_max_ms]`` (inclusive), topics (None: all). None means unbounded."""
+
+    offset_min: int | None = None
+    offset_end: int | None = None
+    time_min_ms: int | None = None
+    time_max_ms: int | None = None
+    topics: frozenset[str] | None = None
+
+    def excludes_offsets(self, first: int, end: int) -> bool:
+        """True when no offset of ``[first, end)`` is wanted."""
+        return (self.offset_min is not None and end <= self.offset_min) or \
+            (self.offset_end is not None and first >= self.offset_end)
+
+    def excludes_times(self, first_ms: int | None, last_ms: int | None) -> bool:
+        """True when no time of ``[first_ms, last_ms]`` is wanted (None: unknown, never excluded)."""
+        return (self.time_min_ms is not None and last_ms is not None and last_ms < self.time_min_ms) or \
+            (self.time_max_ms is not None and first_ms is not None and first_ms > self.time_max_ms)
+
+    def wants_nothing(self) -> bool:
+        """True when the bounds contradict each other (an empty range or an empty topic set)."""
+        return (self.topics is not None and not self.topics) or \
+            (self.offset_min is not None and self.offset_end is not None and self.offset_min >= self.offset_end) or \
+            (self.time_min_ms is not None and self.time_max_ms is not None and self.time_min_ms > self.time_max_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSlice:
+    """One partition: positions ``[begin, end)`` of ``segment`` of ``store``."""
+
+    store: StoreDir
+    segment: Segment
+    begin: int
+    end: int
+
+
+def map_segment(path: str):
+    """The segment's bytes, read-only mapped (``b""`` for an empty file)."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+
+
+def record_cuts(buffer, limit: int, max_bytes: int) -> list[int]:
+    """Positions where slices of at most about ``max_bytes`` begin: 0, then the first record
+    boundary at or past each ``max_bytes`` step. The walk stops at the end of data (a blank,
+    unwritten space, or a record that is not whole); the last slice runs to ``limit`` so its
+    reader meets whatever lies there itself."""
+    cuts = [0]
+    next_cut = max_bytes
+    position = 0
+    check = codec.check_record
+    while position < limit:
+        try:
+            header = check(buffer, position, limit, check_crc=False)
+        except codec.CorruptMessage:
+            break
+        if header.is_blank:
+            break
+        position += header.total_size
+        if position >= next_cut and position < limit:
+            cuts.append(position)
+            next_cut = position + max_bytes
+    return cuts
+
+
+def segment_slices(store: StoreDir, segment: Segment, max_bytes: int) -> list[SegmentSlice]:
+    """A segment as slices of at most about ``max_bytes`` each, cut at record boundaries."""
+    if segment.file_bytes <= max_bytes:
+        return [SegmentSlice(store, segment, 0, segment.file_bytes)]
+    buffer = map_segment(segment.path)
+    try:
+        cuts = record_cuts(buffer, len(buffer), max_bytes)
+    finally:
+        if isinstance(buffer, mmap.mmap):
+            buffer.close()
+    ends = cuts[1:] + [segment.file_bytes]
+    return [SegmentSlice(store, segment, begin, end) for begin, end in zip(cuts, ends)]
+
+
+def wanted_segments(segments: list[Segment], bounds: Bounds,
+                    first_timestamp=first_store_timestamp_ms) -> list[Segment]:
+    """The segments that may hold a wanted record (offsets by name, times by first records)."""
+    spans = []
+    for index, segment in enumerate(segments):
+        end = segments[index + 1].start_offset if index + 1 < len(segments) \
+            else segment.start_offset + segment.file_bytes
+        if not bounds.excludes_offsets(segment.start_offset, end):
+            spans.append(index)
+    if bounds.time_min_ms is None and bounds.time_max_ms is None:
+        return [segments[index] for index in spans]
+    firsts: dict[int, int | None] = {}
+
+    def first_of(index: int) -> int | None:
+        if index not in firsts:
+            firsts[index] = first_timestamp(segments[index]) if index < len(segments) else None
+        return firsts[index]
+    return [segments[index] for index in spans
+            if not bounds.excludes_times(first_of(index), first_of(index + 1))]
+
+
+def plan_slices(stores: list[StoreDir], bounds: Bounds,
+                max_bytes: int = MAX_BYTES_PER_PARTITION_DEFAULT) -> list[SegmentSlice]:
+    """Every slice to read, store by store, in log order."""
+    if bounds.wants_nothing():
+        return []
+    slices = []
+    for store in stores:
+        for segment in wanted_segments(list_segments(store), bounds):
+            slices.extend(segment_slices(store, segment, max_bytes))
+    return slices

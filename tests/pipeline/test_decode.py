@@ -1,0 +1,169 @@
+"""Unit tests of the pure half of the commitlog source: stores, record walks, slices, pruning,
+and the vectorised Arrow decoder against the per-record reference. No Spark session."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline import arrow_decode as ad
+from pipeline.errors import NotAStoreError
+from pipeline.segments import Bounds, map_segment, plan_slices, record_cuts, wanted_segments
+from pipeline.stores import Segment, list_segments, resolve_store, resolve_stores
+from store import Message
+from store import codec
+
+from pipeline_helpers import SteppedClock, sample_messages, write_store
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("node-a")
+    write_store(str(root), sample_messages(3000), node="g1-n1", group="g1")
+    return str(root)
+
+
+def _info(store, segment):
+    return ad.SliceInfo(store.node, store.group, segment.name, segment.start_offset)
+
+
+def test_node_directory_and_store_directory_name_the_same_node(store_dir):
+    by_node_dir = resolve_store(store_dir)
+    by_store_dir = resolve_store(os.path.join(store_dir, "store"))
+    assert by_node_dir == by_store_dir
+    assert (by_node_dir.node, by_node_dir.group) == ("g1-n1", "g1")
+
+
+def test_without_node_yaml_the_directory_names_the_node(tmp_path):
+    write_store(str(tmp_path / "n7"), [Message("t", b"x")])
+    store = resolve_store(str(tmp_path / "n7" / "store"))
+    assert (store.node, store.group) == ("n7", "")
+
+
+def test_bad_paths_are_refused_with_the_path_named(tmp_path):
+    with pytest.raises(NotAStoreError, match="no such directory"):
+        resolve_store(str(tmp_path / "missing"))
+    with pytest.raises(NotAStoreError, match="not a store directory"):
+        resolve_store(str(tmp_path))
+    with pytest.raises(NotAStoreError, match="no store directory given"):
+        resolve_stores([])
+
+
+def test_vectorised_decode_equals_the_reference_decoder(store_dir):
+    store = resolve_store(store_dir)
+    segments = list_segments(store)
+    assert len(segments) >= 3
+    for segment in segments:
+        buffer = map_segment(segment.path)
+        result = ad.scan_records(buffer, 0, len(buffer), len(buffer))
+        assert result.bad_tail is None and result.crc_ok.all()
+        for first, stop in ad.batch_ranges(result.sizes, rows_max=500):
+            args = (buffer, result.positions[first:stop], result.crc_ok[first:stop], _info(store, segment))
+            fast, reference = ad.decode_batch(*args), ad.decode_batch_reference(*args)
+            assert fast.equals(reference), [n for n in fast.schema.names if not fast.column(n).equals(reference.column(n))]
+            assert ad.decode_batch(*args, columns=("topic", "crc_ok")).equals(
+                ad.decode_batch_reference(*args, columns=("topic", "crc_ok")))
+
+
+def test_decoded_rows_hold_what_was_put(store_dir):
+    store = resolve_store(store_dir)
+    messages = sample_messages(3000)
+    rows = []
+    for segment in list_segments(store):
+        buffer = map_segment(segment.path)
+        result = ad.scan_records(buffer, 0, len(buffer), len(buffer))
+        rows += ad.decode_batch(buffer, result.positions, result.crc_ok, _info(store, segment)).to_pylist()
+    assert len(rows) == len(messages)
+    for row, message in zip(rows, messages):
+        assert (row["topic"], row["body"], row["queue_id"], row["keys"], row["tags"]) == \
+            (message.topic, message.body, message.queue_id, list(message.keys), message.tags)
+        user = dict(row["properties"])
+        assert codec.PROPERTY_CRC32 not in user
+        assert user.get("trace") == message.properties.get("trace")
+        assert row["uniq_key"] == message.properties.get("UNIQ_KEY")
+    offsets = [row["physical_offset"] for row in rows]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+def test_slices_start_on_record_boundaries_and_cover_every_record(tmp_path):
+    write_store(str(tmp_path), sample_messages(2000), segment_bytes=1 << 20)
+    store = resolve_store(str(tmp_path / "store"))
+    whole = plan_slices([store], Bounds(), max_bytes=1 << 20)
+    split = plan_slices([store], Bounds(), max_bytes=64 * 1024)
+    assert len(split) > len(whole)
+    counted = 0
+    for piece in split:
+        buffer = map_segment(piece.segment.path)
+        codec.check_record(buffer, piece.begin, len(buffer))      # a record starts at every cut
+        counted += len(ad.scan_records(buffer, piece.begin, piece.end, len(buffer)).positions)
+    assert counted == 2000
+
+
+def test_record_cuts_stop_at_the_end_of_data():
+    record = b"".join(codec.encode_message(
+        topic_bytes=b"t", queue_id=0, body=b"x" * 100, body_crc=codec.crc32_body(b"x" * 100), properties_bytes=b"",
+        flag=0, queue_offset=0, physical_offset=0, sys_flag=0, born_timestamp=1, born_host=bytes(8),
+        store_timestamp=1, store_host=bytes(8)))
+    buffer = record * 10 + bytes(1000)
+    assert record_cuts(buffer, len(buffer), 3 * len(record)) == [0, 3 * len(record), 6 * len(record),
+                                                                9 * len(record)]
+
+
+def test_corrupt_record_and_truncated_tail(tmp_path):
+    write_store(str(tmp_path), sample_messages(50), segment_bytes=1 << 20)
+    store = resolve_store(str(tmp_path / "store"))
+    [segment] = list_segments(store)
+    buffer = bytearray(open(segment.path, "rb").read())
+    clean = ad.scan_records(bytes(buffer), 0, len(buffer), len(buffer))
+    fifth, last = int(clean.positions[5]), int(clean.positions[-1])
+    buffer[fifth + 90] ^= 0xFF                            # a body byte: the CRC fails, the lengths hold
+    cut = bytes(buffer[:last + 30])                        # the last record cut short
+    with open(segment.path, "wb") as handle:
+        handle.write(cut)
+    result = ad.scan_records(cut, 0, len(cut), len(cut))
+    assert len(result.positions) == 49 and not result.crc_ok[5] and result.crc_ok.sum() == 48
+    assert result.bad_tail is not None and result.bad_tail.position == last and result.bad_tail.size == 30
+    row = ad.bad_tail_batch(result.bad_tail, _info(store, segment)).to_pylist()[0]
+    assert row["crc_ok"] is False and row["physical_offset"] == last and row["topic"] is None
+
+
+def test_offset_and_time_bounds_drop_whole_segments_unopened(tmp_path):
+    clock = SteppedClock(1_700_000_000_000, 10)
+    write_store(str(tmp_path), sample_messages(3000), clock=clock)
+    store = resolve_store(str(tmp_path / "store"))
+    segments = list_segments(store)
+    assert len(segments) >= 4
+    opened = []
+
+    def first(segment: Segment):
+        opened.append(segment.start_offset)
+        return _first_time(segment)
+    second = segments[1]
+    by_offset = wanted_segments(segments, Bounds(offset_min=second.start_offset, offset_end=second.start_offset + 1),
+                                first_timestamp=first)
+    assert by_offset == [second] and opened == []
+    t1, t2 = _first_time(segments[1]), _first_time(segments[2])
+    by_time = wanted_segments(segments, Bounds(time_min_ms=t1 + 1, time_max_ms=t2 - 1), first_timestamp=first)
+    assert by_time == [segments[1]]
+    assert wanted_segments(segments, Bounds(time_min_ms=clock.now_ms + 1)) == [segments[-1]]
+    assert plan_slices([store], Bounds(topics=frozenset())) == []
+
+
+def _first_time(segment: Segment) -> int:
+    buffer = map_segment(segment.path)
+    return codec.decode_message(buffer, 0).store_timestamp
+
+
+def test_batches_are_bounded_by_rows_and_bytes():
+    sizes = np.array([100] * 10 + [5000] + [100] * 5, dtype=np.int64)
+    ranges = ad.batch_ranges(sizes, rows_max=4, bytes_max=1000)
+    assert ranges[0] == (0, 4) and (10, 11) in ranges
+    assert sum(stop - first for first, stop in ranges) == len(sizes)
+
+
+def test_spark_ddl_and_arrow_schema_agree():
+    assert ad.arrow_schema().names == list(ad.COLUMN_NAMES)
+    assert "`body` BINARY" in ad.spark_ddl() and pa.types.is_map(ad.arrow_schema().field("properties").type)
