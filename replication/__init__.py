@@ -4,7 +4,9 @@
 
 Modules: ``epochs`` (the epoch file and the consistent point), ``protocol`` (auth,
 handshake and stream frames; pure), ``sync_state`` (acks, sync-state set, confirm offset;
-pure), ``transport`` (exact reads), ``ha_service`` (master), ``ha_client`` (slave),
+pure), ``transport`` (exact reads), ``store_protocol`` (``ReplicaStore``: all that replication
+uses of the store, which the store's ``replica_log`` satisfies), ``ha_service`` (master),
+``ha_client`` (slave),
 ``cli`` (``hastore lag``), ``bench`` (``hastore bench replicate``).
 """
 
@@ -13,6 +15,7 @@ from .errors import (EpochFileError, FlushSlaveTimeout, HaAuthError, HandshakeRe
                      InSyncReplicasNotEnough, ReplicaWaitError, ReplicationError, ReplicationFenced)
 from .ha_client import HAClient, HaClientSettings, HaClientStatistics, serve_ha_client
 from .ha_service import HAService, HaServiceSettings, HaServiceStatistics, SlaveStatistics, serve_ha
+from .store_protocol import ReplicaStore
 from .sync_state import ReplicaTracker, SyncSettings
 
 __all__ = [
@@ -21,5 +24,5 @@ __all__ = [
     "FlushSlaveTimeout", "InSyncReplicasNotEnough", "ReplicationFenced",
     "HAClient", "HaClientSettings", "HaClientStatistics", "serve_ha_client",
     "HAService", "HaServiceSettings", "HaServiceStatistics", "SlaveStatistics", "serve_ha",
-    "ReplicaTracker", "SyncSettings",
+    "ReplicaTracker", "SyncSettings", "ReplicaStore",
 ]

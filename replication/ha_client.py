@@ -1,6 +1,6 @@
 """HAClient: the slave's side of replication.
 
-    client = HAClient(store, epoch_file, settings)
+    client = HAClient(store.replica_log, epoch_file, settings)   # a ReplicaStore
     await nursery.start(serve_ha_client, client)    # runs until cancelled, reconnecting
 
 One session: connect to ``master_ha_address``, answer the HELLO with a HANDSHAKE (proof
@@ -18,7 +18,7 @@ applier records a new epoch if needed, appends at the log's end (checked again t
 acks and returns the buffer. The pool bounds the frames in flight and the memory.
 
 Any failure ends the session (nothing partial is applied: a frame is checked whole before
-``append_replicated``, and frames received behind a failure are dropped unwritten) and the
+the store's ``append``, and frames received behind a failure are dropped unwritten) and the
 client reconnects after a bounded, jittered backoff that resets once a session streams.
 Cancelling the client waits for an append in progress, so once ``stop`` returns the log
 no longer moves.
@@ -34,13 +34,13 @@ from typing import Callable
 
 import trio
 
-from store import MessageStore
 from store.errors import StoreError
 
 from . import protocol
 from .epochs import EpochFile, ResyncKind, epoch_at, next_epoch_start, slave_epochs_after
 from .errors import HaAuthError, HandshakeRefused, HaProtocolError, ReplicationError, expected_failure
 from .protocol import Handshake, Hello, Welcome
+from .store_protocol import ReplicaStore
 from .transport import StreamReader
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class Backoff:
 class HAClient:
     """Keeps this slave's log a copy of its master's."""
 
-    def __init__(self, store: MessageStore, epoch_file: EpochFile, settings: HaClientSettings, *,
+    def __init__(self, store: ReplicaStore, epoch_file: EpochFile, settings: HaClientSettings, *,
                  on_truncated: Callable[[int], None] | None = None) -> None:
         self.store = store
         self.epoch_file = epoch_file
@@ -168,9 +168,9 @@ class HAClient:
         self._master_node_id = welcome.node_id
         self._master_epoch = welcome.epoch
         self._master_max_offset = welcome.max_offset
-        await stream.send_all(protocol.ack(self.store.max_physical_offset))
+        await stream.send_all(protocol.ack(self.store.max_offset))
         log.info("following master %s (epoch %d) from %d", welcome.node_id, welcome.epoch,
-                 self.store.max_physical_offset)
+                 self.store.max_offset)
         free_buffers_in, free_buffers = trio.open_memory_channel(FRAME_BUFFERS)
         for _ in range(FRAME_BUFFERS):
             free_buffers_in.send_nowait(memoryview(bytearray(protocol.DATA_FRAME_BYTES_MAX)))
@@ -190,7 +190,7 @@ class HAClient:
         epochs = self.epoch_file.entries
         await stream.send_all(Handshake(protocol.slave_proof(self.settings.secret, hello.nonce, nonce), nonce,
                                         self.settings.node_id, self.settings.group, self.settings.cluster, epochs,
-                                        store.min_physical_offset, store.max_physical_offset).encode())
+                                        store.min_offset, store.max_offset).encode())
         return Welcome.decode(await reader.control(), self.settings.secret, hello.nonce, nonce)
 
     async def _resync(self, welcome: Welcome) -> None:
@@ -202,15 +202,15 @@ class HAClient:
         """
         store = self.store
         resync = welcome.resync
-        end = store.max_physical_offset
+        end = store.max_offset
         if resync.kind is ResyncKind.TRUNCATE:
-            if resync.offset > end or resync.offset < store.min_physical_offset:
+            if resync.offset > end or resync.offset < store.min_offset:
                 raise HaProtocolError(f"the master asks for a cut at {resync.offset}, outside this log "
-                                      f"[{store.min_physical_offset}, {end}]")
+                                      f"[{store.min_offset}, {end}]")
             if resync.offset < end:
                 log.warning("cutting %d bytes of divergent log at %d (%s)", end - resync.offset, resync.offset,
                             resync.reason)
-                await trio.to_thread.run_sync(store.truncate_to, resync.offset)
+                await trio.to_thread.run_sync(store.cut, resync.offset)
                 self._truncated_bytes += end - resync.offset
         else:
             log.warning("resetting the log to start empty at %d (%s)", resync.offset, resync.reason)
@@ -220,14 +220,14 @@ class HAClient:
         if kept != self.epoch_file.entries:
             await trio.to_thread.run_sync(self.epoch_file.replace, kept)
         if (resync.kind is ResyncKind.RESET or resync.offset < end) and self.on_truncated is not None:
-            self.on_truncated(store.max_physical_offset)
+            self.on_truncated(store.max_offset)
 
     async def _receive_frames(self, reader: StreamReader, welcome: Welcome, frames: trio.MemorySendChannel,
                               free_buffers: trio.MemoryReceiveChannel) -> None:
         """Read data frames into free buffers, check them and hand them to the applier in order."""
         master_epochs = welcome.epochs
         timeout_s = self.settings.read_timeout_ms / 1000
-        expected = self.store.max_physical_offset  # where the next frame must start
+        expected = self.store.max_offset  # where the next frame must start
         buffer = None
         while True:
             if buffer is None:
@@ -258,16 +258,16 @@ class HAClient:
         """Write checked frames at the log's end, in order; ack; give their buffers back."""
         store = self.store
         async for offset, entry, data, buffer in frames:
-            if offset != store.max_physical_offset:
-                raise HaProtocolError(f"frame at {offset}, but this log ends at {store.max_physical_offset}")
+            if offset != store.max_offset:
+                raise HaProtocolError(f"frame at {offset}, but this log ends at {store.max_offset}")
             if entry.epoch != self.epoch_file.last_epoch:
                 # the term is recorded before its first byte lands, so no byte is ever dated
                 # with an older term than the one that wrote it
                 await trio.to_thread.run_sync(self.epoch_file.append, entry.epoch, entry.start_offset)
             if len(data) > INLINE_APPEND_BYTES_MAX:
-                await trio.to_thread.run_sync(store.append_replicated, offset, data)
+                await trio.to_thread.run_sync(store.append, offset, data)
             else:
-                store.append_replicated(offset, data)
+                store.append(offset, data)
             self._received_bytes += len(data)
             self._ack_wanted.set()
             free_buffers.send_nowait(buffer)
@@ -281,10 +281,10 @@ class HAClient:
                 await wanted.wait()
             if wanted.is_set():
                 self._ack_wanted = trio.Event()
-            await stream.send_all(protocol.ack(self.store.max_physical_offset))
+            await stream.send_all(protocol.ack(self.store.max_offset))
 
     def statistics(self) -> HaClientStatistics:
-        max_offset = self.store.max_physical_offset
+        max_offset = self.store.max_offset
         return HaClientStatistics(
             master_ha_address=self.settings.master_ha_address, master_node_id=self._master_node_id,
             master_epoch=self._master_epoch, connected=self._connected, max_offset=max_offset,

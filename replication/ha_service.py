@@ -1,6 +1,6 @@
 """HAService: the master's side of replication.
 
-    service = HAService(store, settings, epoch, epochs)
+    service = HAService(store.replica_log, settings, epoch, epochs)   # a ReplicaStore
     await nursery.start(serve_ha, service, listeners)     # listeners on ha_address
     ...
     await service.wait_for_replicas(result.end_offset)    # a sync put; raises ReplicaWaitError
@@ -17,7 +17,9 @@ reconnects when it can.
 Sync puts park in a heap ordered by end offset and are released as acks move the
 replicated offset (see sync_state). One maintenance task keeps the sync-state set: laggards
 out, caught-up slaves in, each change handed first to ``on_sync_state_set_change`` (the
-controller agent persists it in ZooKeeper; a change it refuses is not applied).
+controller agent persists it in ZooKeeper; a change it refuses is not applied). The confirm
+offset the tracker computes is published to the store (``publish_confirm_offset``) and
+``on_confirm_advanced`` is told.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from typing import Awaitable, Callable
 
 import trio
 
-from store import MessageStore
 from store.errors import StoreError
 
 from . import protocol
@@ -40,6 +41,7 @@ from .epochs import EpochEntry, Resync, find_resync, next_epoch_start
 from .errors import (FlushSlaveTimeout, HaAuthError, HaProtocolError, InSyncReplicasNotEnough, ReplicationError,
                      ReplicationFenced, expected_failure)
 from .protocol import Handshake, Hello, Welcome
+from .store_protocol import ReplicaStore
 from .sync_state import ReplicaProgress, ReplicaTracker, SyncSettings
 from .transport import StreamReader
 
@@ -122,7 +124,7 @@ class _Waiter:
 class HAService:
     """Streams this master's log to its slaves and tracks what they hold."""
 
-    def __init__(self, store: MessageStore, settings: HaServiceSettings, epoch: int, epochs: list[EpochEntry], *,
+    def __init__(self, store: ReplicaStore, settings: HaServiceSettings, epoch: int, epochs: list[EpochEntry], *,
                  sync_state_set: frozenset | None = None,
                  on_sync_state_set_change: SyncStateSetHook | None = None,
                  on_confirm_advanced: Callable[[], None] | None = None) -> None:
@@ -157,9 +159,9 @@ class HAService:
             self._advance_confirm()  # the master alone is the whole sync-state set
 
     def _advance_confirm(self) -> None:
-        confirm = self.tracker.confirm_offset(self.store.max_physical_offset)
+        confirm = self.tracker.confirm_offset(self.store.max_offset)
         if confirm > self.store.confirm_offset:
-            self.store.confirm_offset = confirm
+            self.store.publish_confirm_offset(confirm)
             if self.on_confirm_advanced is not None:
                 self.on_confirm_advanced()
 
@@ -179,7 +181,7 @@ class HAService:
         (or becomes) too small; ReplicationFenced when the master is fenced or stops.
         """
         self.check_replicas_for_put()
-        if end_offset <= self.tracker.replicated_offset(self.store.max_physical_offset):
+        if end_offset <= self.tracker.replicated_offset(self.store.max_offset):
             return
         if len(self._waiters) >= WAITERS_MAX:
             raise FlushSlaveTimeout(f"{WAITERS_MAX} puts already wait for replicas")
@@ -215,7 +217,7 @@ class HAService:
         return self._fenced
 
     def _release_waiters(self) -> None:
-        replicated = self.tracker.replicated_offset(self.store.max_physical_offset)
+        replicated = self.tracker.replicated_offset(self.store.max_offset)
         waiters = self._waiters
         while waiters and (waiters[0][0] <= replicated or waiters[0][2].event.is_set()):
             waiter = heapq.heappop(waiters)[2]
@@ -321,11 +323,11 @@ class HAService:
             await _refuse(stream, problem)
             raise HaProtocolError(problem)
         store = self.store
-        resync = find_resync(self.epochs, store.min_physical_offset, store.max_physical_offset,
+        resync = find_resync(self.epochs, store.min_offset, store.max_offset,
                              handshake.epochs, handshake.min_offset, handshake.max_offset)
         await stream.send_all(Welcome(protocol.master_proof(self.settings.secret, nonce, slave_nonce),
-                                      self.settings.node_id, self.epoch, self.epochs, store.min_physical_offset,
-                                      store.max_physical_offset, resync).encode())
+                                      self.settings.node_id, self.epoch, self.epochs, store.min_offset,
+                                      store.max_offset, resync).encode())
         self._handshakes += 1
         log.info("slave %s (max %d): %s to %d", handshake.node_id, handshake.max_offset, resync.kind.value,
                  resync.offset)
@@ -343,7 +345,7 @@ class HAService:
         store = self.store
         chunk_max = self.settings.chunk_bytes_max
         while True:
-            end = store.max_physical_offset
+            end = store.max_offset
             if offset < end:
                 limit = chunk_max
                 boundary = next_epoch_start(self.epochs, offset)
@@ -374,7 +376,7 @@ class HAService:
             with trio.move_on_after(heartbeat_s):
                 frame = await frames.receive()
             if frame is None:
-                await stream.send_all(protocol.heartbeat(self.store.max_physical_offset))
+                await stream.send_all(protocol.heartbeat(self.store.max_offset))
                 continue
             offset, header, data = frame
             # before the send: the slave can apply and ack these bytes before send_all
@@ -389,9 +391,9 @@ class HAService:
     def _read_frame(self, offset: int, limit: int) -> tuple[bytes, memoryview]:
         """The data frame at ``offset``: its header (CRC included) and its bytes, a view of the
         log's mapping (no copy; the CRC taken here is what the slave checks them against)."""
-        data = self.store.read_for_replication(offset, limit)
+        data = self.store.read(offset, limit)
         if not data:
-            raise HaProtocolError(f"no record at {offset} below the log's end {self.store.max_physical_offset}")
+            raise HaProtocolError(f"no record at {offset} below the log's end {self.store.max_offset}")
         return protocol.data_header(offset, data), data
 
     async def _read_acks(self, reader: StreamReader, replica: ReplicaProgress, scope: trio.CancelScope) -> None:
@@ -436,7 +438,7 @@ class HAService:
         """Apply what the SSS rules call for now (after the hook accepts it); update the
         confirm offset; release or fail waiting puts accordingly."""
         tracker = self.tracker
-        master_max = self.store.max_physical_offset
+        master_max = self.store.max_offset
         wanted = tracker.wanted_sync_state_set(master_max, _now_ms(), self._oldest_unacked_age_ms)
         if wanted != tracker.sync_state_set and self._fenced is None:
             if self.on_sync_state_set_change is not None:
@@ -457,7 +459,7 @@ class HAService:
     # --- statistics ----------------------------------------------------------------------
     def statistics(self) -> HaServiceStatistics:
         tracker = self.tracker
-        master_max = self.store.max_physical_offset
+        master_max = self.store.max_offset
         now = _now_ms()
         slaves = []
         for node_id, replica in sorted(tracker.replicas.items()):

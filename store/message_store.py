@@ -25,20 +25,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import codec
-from .checkpoint import Checkpoint, CheckpointState
-from .codec import CorruptMessage, StoredMessage
+from .checkpoint import Checkpoint
+from .codec import StoredMessage
 from .commit_log import CommitLog, PreparedMessage, now_ms
 from .config import StoreConfig
 from .config_files import ConfigStore, fsync_directory, write_atomically
 from .dispatcher import ConsumeQueueTable, Dispatcher
-from .errors import DiskFullError, MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError, invariant
+from .errors import DiskFullError, MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError
 from .flush import FlushService
 from .index_file import IndexService
 from .integrity import CorruptRecord, Integrity, IntegrityStatistics
 from .message import Message, PutResult, PutStatus
 from .put_batch import Batch, PlainBatch, regular_columns
 from .recovery import RecoveryReport, recover
-from .replica_log import CUT, RESET, CutIntent, CutMarker, check_chunk, read_chunk
+from .replica_log import CUT, RESET, ReplicaLog
 from .retention import Retention
 
 log = logging.getLogger(__name__)
@@ -110,20 +110,20 @@ class MessageStore:
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index, config.dispatch_batch_bytes_max,
                                      config.dispatch_interval_ms / 1000, threaded=config.dispatcher_thread)
         self.integrity = Integrity(self.commit_log, self.queues, self.index, self.dispatcher)
+        # what replication is given: the replica operations and the confirm offset
+        self.replica_log = ReplicaLog(root, self.commit_log, self.queues, self.index, self.dispatcher,
+                                      sync_flush=config.flush == "sync")
         self.checkpoint: Checkpoint | None = None
         self.flusher: FlushService | None = None
         self.retention: Retention | None = None
         self.configs: ConfigStore | None = None
         self.recovery: RecoveryReport | None = None
-        self.confirm_offset = 0
         # under a controller, consumers read only what every in-sync replica holds: pulls
         # stop before the first message not wholly below the confirm offset
-        self.reads_up_to_confirm_offset = False
+        self._reads_up_to_confirm_offset = False
         self._lock_fd: int | None = None
         self._running = False
         self._abort_path = os.path.join(root, "abort")
-        self._cut_marker = CutMarker(root)
-        self._write_state_stale = False
         self._topic_cache: dict[str, bytes] = {}       # legal topic -> TOPICLEN + TOPIC bytes
         self._host_cache: dict[str, bytes] = {}
         # the largest record a segment takes: it must leave room for the closing blank record
@@ -145,21 +145,27 @@ class MessageStore:
             self.queues.load()
             self.index.load()
             self._create_abort_file()
-            intent = self._cut_marker.read()
+            replica_log = self.replica_log
+            intent = replica_log.pending_cut()
             if intent is not None and intent.kind == RESET:
-                log.warning("finishing an interrupted replica reset to offset %d", intent.offset)
-                self._drop_everything(intent.offset)
+                replica_log.finish_interrupted_reset(intent.offset, self.checkpoint)
             self.recovery = recover(self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint,
                                     abnormal=abnormal,
                                     cut_offset=intent.offset if intent is not None and intent.kind == CUT else None)
             self.integrity.repair_at_start(index_missing=self.index.directory_missing)
             self.integrity.rebuild_configs(self.configs)
-            self.confirm_offset = min(self.checkpoint.state.confirm_phy_offset, self.commit_log.max_offset)
             self.flusher = FlushService(self.commit_log, self.dispatcher, self.checkpoint,
                                         sync=self.config.flush == "sync",
                                         flush_interval_ms=self.config.flush_interval_ms,
                                         checkpoint_interval_ms=self.config.checkpoint_interval_ms,
-                                        confirm_offset=lambda: self.confirm_offset)
+                                        confirm_offset=lambda: replica_log.confirm_offset)
+            self.retention = Retention(self.commit_log, self.queues, self.index, self.dispatcher, self.root,
+                                       file_reserved_hours=self.config.file_reserved_hours,
+                                       disk_max_used_ratio=self.config.disk_max_used_ratio,
+                                       interval_ms=self.config.retention_check_interval_ms,
+                                       disk_full_policy=self.config.disk_full_policy,
+                                       consumer_offsets=lambda: dict(self.configs["consumerOffset.json"].data))
+            replica_log.open(self.checkpoint, self.flusher, self.retention)
             state = self.checkpoint.state
             if self.recovery.end_offset < max(state.flushed_phy_offset, state.dispatched_phy_offset) \
                     or not self.checkpoint.valid:
@@ -167,15 +173,7 @@ class MessageStore:
                 self.flusher.flush_now()
                 self.flusher.write_checkpoint()
             if intent is not None:
-                self.flusher.flush_now()
-                self.flusher.write_checkpoint()
-                self._cut_marker.clear()
-            self.retention = Retention(self.commit_log, self.queues, self.index, self.dispatcher, self.root,
-                                       file_reserved_hours=self.config.file_reserved_hours,
-                                       disk_max_used_ratio=self.config.disk_max_used_ratio,
-                                       interval_ms=self.config.retention_check_interval_ms,
-                                       disk_full_policy=self.config.disk_full_policy,
-                                       consumer_offsets=lambda: dict(self.configs["consumerOffset.json"].data))
+                replica_log.finish_interrupted_cut()
             self.commit_log.segments.request_ahead()
             self.dispatcher.start()
             self.flusher.start()
@@ -224,6 +222,7 @@ class MessageStore:
         self._release_directory_lock()
 
     def _close_files(self) -> None:
+        self.replica_log.close()
         self.commit_log.close()
         self.queues.close()
         self.index.close()
@@ -322,8 +321,8 @@ class MessageStore:
         encoded column-wise (``put_batch``); any other is prepared and placed one message at a
         time (``prepare``, ``CommitLog.append``). Both write the same bytes."""
         self._check_running()
-        if self._write_state_stale:
-            self.catch_up_for_writes()
+        if self.replica_log.writes_need_catch_up:
+            self.replica_log.catch_up_for_writes()
         columns = regular_columns(batch, self._topic_cache, self._host_cache, self._largest_record)
         if columns is not None:
             results = self.commit_log.append_columns(columns)
@@ -386,7 +385,7 @@ class MessageStore:
             return GetResult(GetStatus.OFFSET_OVERFLOW, [], max_offset, min_offset, max_offset)
         if queue_offset == max_offset:
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], queue_offset, min_offset, max_offset)
-        read_limit = self.confirm_offset if self.reads_up_to_confirm_offset else None
+        read_limit = self.replica_log.confirm_offset if self._reads_up_to_confirm_offset else None
         count = min(max_count, PULL_BATCH_MAX)
         read = self.integrity.read_queue(queue, queue_offset, count, check_crc=self.config.check_crc_on_read,
                                          read_limit=read_limit, max_bytes=max_bytes)
@@ -492,7 +491,7 @@ class MessageStore:
         """Topics with their queue ids, as the ConsumeQueues know them."""
         return self.queues.topics()
 
-    # --- replication ---------------------------------------------------------------------
+    # --- the log's ends and the confirm offset (replica operations: ``replica_log``) ------
     @property
     def max_physical_offset(self) -> int:
         """End of the CommitLog: always a record boundary."""
@@ -502,130 +501,16 @@ class MessageStore:
     def min_physical_offset(self) -> int:
         return self.commit_log.min_offset
 
-    def read_for_replication(self, offset: int, max_bytes: int) -> memoryview:
-        """Whole records from ``offset`` within one segment, at most ``max_bytes`` (at least one
-        record); a segment's closing blank record included. Empty at the end of the log. A
-        read-only view of the mapping, not a copy (see ``replica_log.read_chunk``)."""
-        self._check_running()
-        if offset < self.commit_log.min_offset:
-            raise MessageNotFound(f"offset {offset} is below the commit log's first offset "
-                                  f"{self.commit_log.min_offset}")
-        return read_chunk(self.commit_log.segments, offset, self.commit_log.max_offset, max_bytes)
+    @property
+    def confirm_offset(self) -> int:
+        """The least offset every member of the sync-state set holds (``replica_log``)."""
+        return self.replica_log.confirm_offset
 
-    def append_replicated(self, offset: int, data) -> int:
-        """A replica's write: whole records (bytes-like) exactly at the end of the log. Returns
-        the new end.
-
-        The framing is checked before a byte lands (ChunkError, a StoreError, otherwise);
-        the dispatcher then builds this replica's own ConsumeQueue and IndexFile.
-        """
-        self._check_running()
-        check_chunk(data, offset, self.commit_log.segment_bytes)
-        self.commit_log.append_bytes(offset, data)
-        self._write_state_stale = True
-        self.dispatcher.wake.set()
-        end = self.commit_log.max_offset
-        if self.config.flush == "sync":
-            self.flusher.request(end)
-        return end
-
-    def catch_up_for_writes(self) -> None:
-        """Before a promoted replica's first own put: dispatch everything replicated and take
-        each queue's next offset and the last store time from what was dispatched."""
-        self._check_running()
-        self.dispatcher.catch_up()
-        self.commit_log.continue_after({key: queue.max_offset for key, queue in self.queues.queues.items()},
-                                       self.dispatcher.last_store_timestamp)
-        self._write_state_stale = False
-
-    def truncate_to(self, offset: int) -> None:
-        """Cut CommitLog, ConsumeQueue and IndexFile at ``offset`` (a record boundary).
-
-        Crash-safe: the intent is recorded in the ``truncate`` marker first and the marker
-        removed only once the cut and a new checkpoint are on disk; a start that finds it
-        finishes the cut before trusting anything past ``offset``.
-        """
-        self._check_running()
-        commit_log = self.commit_log
-        if offset == commit_log.max_offset:
-            return
-        if not commit_log.min_offset <= offset < commit_log.max_offset:
-            raise StoreError(f"cannot cut at {offset}: the commit log holds [{commit_log.min_offset}, "
-                             f"{commit_log.max_offset}); use reset() to replace it")
-        self._check_record_boundary(offset)
-        self._pause_background()
-        try:
-            self._cut_marker.write(CutIntent(CUT, offset))
-            self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, offset)
-            commit_log.set_end(offset)
-            for queue in self.queues.all():
-                queue.truncate_physical(offset)
-            self.index.rollback(offset, repair=False)
-            self.confirm_offset = min(self.confirm_offset, offset)
-            self._write_state_stale = True
-            self.flusher.flush_now()
-            self.flusher.write_checkpoint()
-            self._cut_marker.clear()
-        finally:
-            self._resume_background()
-        log.info("commit log cut at %d for replication", offset)
-
-    def reset(self, start_offset: int) -> None:
-        """Drop the whole log and its indexes; the log restarts empty at ``start_offset``
-        (a segment boundary). For a replica whose master no longer holds its log's start."""
-        self._check_running()
-        if start_offset < 0 or start_offset % self.commit_log.segment_bytes:
-            raise StoreError(f"reset offset {start_offset} is not a segment boundary "
-                             f"(segments are {self.commit_log.segment_bytes} bytes)")
-        self._pause_background()
-        try:
-            self._cut_marker.write(CutIntent(RESET, start_offset))
-            self._drop_everything(start_offset)
-            self.flusher.write_checkpoint()
-            self._cut_marker.clear()
-        finally:
-            self._resume_background()
-        log.info("commit log reset to start at %d for replication", start_offset)
-
-    def _drop_everything(self, start_offset: int) -> None:
-        self.queues.destroy_all()
-        self.index.destroy_all()
-        commit_log = self.commit_log
-        commit_log.segments.reset_to(start_offset)
-        commit_log.max_offset = commit_log.flushed_offset = start_offset
-        commit_log.queue_offsets = {}
-        self.dispatcher.dispatched_offset = start_offset
-        self.confirm_offset = start_offset
-        self.checkpoint.write(CheckpointState(
-            physic_msg_timestamp=commit_log.last_store_timestamp, logics_msg_timestamp=self.dispatcher.last_store_timestamp,
-            index_msg_timestamp=self.dispatcher.last_store_timestamp, confirm_phy_offset=start_offset,
-            flushed_phy_offset=start_offset, dispatched_phy_offset=start_offset))
-
-    def _check_record_boundary(self, offset: int) -> None:
-        segment = self.commit_log.segments.find(offset)
-        try:
-            invariant(segment is not None, "offset inside the log")
-            header = codec.check_record(segment.mm, offset - segment.start_offset, segment.size)
-        except (CorruptMessage, AssertionError) as error:
-            raise StoreError(f"cannot cut at {offset}: no whole record starts there ({error})") from None
-        if header.is_blank:
-            raise StoreError(f"cannot cut at {offset}: a segment's closing blank record starts there")
-
-    def _pause_background(self) -> None:
-        self.retention.stop()
-        self.dispatcher.stop()
-        self.flusher.stop()
-
-    def _resume_background(self) -> None:
-        self.flusher.start()
-        self.dispatcher.start()
-        self.retention.start()
-
-    def store_timestamp_at(self, offset: int) -> int:
-        """Store time of the message starting at ``offset``; -1 when there is none."""
-        if not self.commit_log.min_offset <= offset < self.commit_log.max_offset:
-            return -1
-        return self.commit_log.store_timestamp_at(offset)
+    def limit_reads_to_confirm_offset(self, enabled: bool) -> None:
+        """Whether pulls stop before the first message not wholly below the confirm offset:
+        a master under a controller serves only what every in-sync replica holds, a slave
+        or a static master what it has."""
+        self._reads_up_to_confirm_offset = enabled
 
     # --- background hooks ----------------------------------------------------------------
     def add_dispatch_listener(self, listener) -> None:

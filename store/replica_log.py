@@ -1,5 +1,17 @@
-"""What replication needs from the CommitLog: whole-record chunks, their framing check, and
-a crash-safe cut marker.
+"""The store's log as replication uses it: ``ReplicaLog`` (the replica operations: read a
+chunk, append replicated records, cut, reset, publish the confirm offset), whole-record
+chunks, their framing check, and a crash-safe cut marker.
+
+    replica = store.replica_log            # what HAService / HAClient are given
+    chunk = replica.read(offset, 4 << 20)  # master: whole records, a view of the mapping
+    replica.append(offset, chunk)          # slave: exactly at the log's end
+    replica.cut(offset)                    # slave: drop a divergent tail
+    replica.publish_confirm_offset(offset) # master: what every in-sync replica holds
+
+``ReplicaLog`` satisfies ``replication.store_protocol.ReplicaStore``. It is composed by
+MessageStore from the store's parts and holds no reference back to it; the parts that exist
+only while the store runs (checkpoint, flush service, retention) are handed over by
+``open`` and let go by ``close``.
 
 Chunks. A master streams its log in chunks of whole records that never span two segments.
 A segment's closing blank record belongs to the chunk that reaches it, so such a chunk ends
@@ -29,9 +41,24 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+import logging
+from typing import TYPE_CHECKING
+
 from . import codec
+from .checkpoint import CheckpointState
+from .codec import CorruptMessage
 from .config_files import fsync_directory, write_atomically
-from .errors import StoreError
+from .errors import MessageNotFound, StoreClosedError, StoreError, invariant
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
+    from .commit_log import CommitLog
+    from .dispatcher import ConsumeQueueTable, Dispatcher
+    from .flush import FlushService
+    from .index_file import IndexService
+    from .retention import Retention
+
+log = logging.getLogger(__name__)
 
 MARKER = struct.Struct(">BqI")
 assert MARKER.size == 13
@@ -135,3 +162,212 @@ class CutMarker:
             return
         fsync_directory(self.root)
 
+
+class ReplicaLog:
+    """The replica operations on the store's log and indexes, and the confirm offset.
+
+    Thread-safe as the store is: appends serialise on the CommitLog's write lock; ``cut``
+    and ``reset`` stop the background threads while they work.
+    """
+
+    def __init__(self, root: str, commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService,
+                 dispatcher: Dispatcher, *, sync_flush: bool) -> None:
+        self._commit_log = commit_log
+        self._queues = queues
+        self._index = index
+        self._dispatcher = dispatcher
+        self._sync_flush = sync_flush
+        self._cut_marker = CutMarker(root)
+        self._checkpoint: Checkpoint | None = None
+        self._flusher: FlushService | None = None
+        self._retention: Retention | None = None
+        self._confirm_offset = 0
+        # the log grew (or shrank) under replication: each queue's next offset and the last
+        # store time must be taken from what was dispatched before this node's own next put
+        self.writes_need_catch_up = False
+
+    # --- lifecycle (the store's start and stop) --------------------------------------------
+    def pending_cut(self) -> CutIntent | None:
+        """The cut or reset a crash interrupted, if any (the store finishes it at start)."""
+        return self._cut_marker.read()
+
+    def finish_interrupted_reset(self, start_offset: int, checkpoint: Checkpoint) -> None:
+        """At start, before recovery: complete a reset that a crash interrupted."""
+        log.warning("finishing an interrupted replica reset to offset %d", start_offset)
+        self._drop_everything(start_offset, checkpoint)
+
+    def open(self, checkpoint: Checkpoint, flusher: FlushService, retention: Retention) -> None:
+        """Serve replica operations with the running store's parts; the confirm offset starts
+        at the checkpoint's, within the recovered log."""
+        self._checkpoint = checkpoint
+        self._flusher = flusher
+        self._retention = retention
+        self._confirm_offset = min(checkpoint.state.confirm_phy_offset, self._commit_log.max_offset)
+
+    def finish_interrupted_cut(self) -> None:
+        """At start, once recovery has cut the log: put the new end on disk and in the
+        checkpoint, then drop the marker."""
+        self._flusher.flush_now()
+        self._flusher.write_checkpoint()
+        self._cut_marker.clear()
+
+    def close(self) -> None:
+        """The store stopped: refuse replica operations until the next ``open``."""
+        self._checkpoint = self._flusher = self._retention = None
+
+    def _check_open(self) -> None:
+        if self._flusher is None:
+            raise StoreClosedError("the store is not running: call start()")
+
+    # --- offsets -------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        """Start of the CommitLog (retention moves it up)."""
+        return self._commit_log.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        """End of the CommitLog: always a record boundary."""
+        return self._commit_log.max_offset
+
+    @property
+    def confirm_offset(self) -> int:
+        """The least offset every member of the sync-state set holds (kept in the checkpoint)."""
+        return self._confirm_offset
+
+    def publish_confirm_offset(self, offset: int) -> None:
+        """The master's HAService moves the confirm offset up; it never goes down here (only
+        a cut or reset of the log lowers it)."""
+        if offset > self._confirm_offset:
+            self._confirm_offset = offset
+
+    def store_timestamp_at(self, offset: int) -> int:
+        """Store time of the message starting at ``offset``; -1 when there is none."""
+        commit_log = self._commit_log
+        if not commit_log.min_offset <= offset < commit_log.max_offset:
+            return -1
+        return commit_log.store_timestamp_at(offset)
+
+    # --- master: reading -----------------------------------------------------------------
+    def read(self, offset: int, max_bytes: int) -> memoryview:
+        """Whole records from ``offset`` within one segment, at most ``max_bytes`` (at least one
+        record); a segment's closing blank record included. Empty at the end of the log. A
+        read-only view of the mapping, not a copy (see ``read_chunk``)."""
+        self._check_open()
+        commit_log = self._commit_log
+        if offset < commit_log.min_offset:
+            raise MessageNotFound(f"offset {offset} is below the commit log's first offset {commit_log.min_offset}")
+        return read_chunk(commit_log.segments, offset, commit_log.max_offset, max_bytes)
+
+    # --- slave: writing ------------------------------------------------------------------
+    def append(self, offset: int, data) -> int:
+        """A replica's write: whole records (bytes-like) exactly at the end of the log. Returns
+        the new end.
+
+        The framing is checked before a byte lands (ChunkError, a StoreError, otherwise);
+        the dispatcher then builds this replica's own ConsumeQueue and IndexFile.
+        """
+        self._check_open()
+        commit_log = self._commit_log
+        check_chunk(data, offset, commit_log.segment_bytes)
+        commit_log.append_bytes(offset, data)
+        self.writes_need_catch_up = True
+        self._dispatcher.wake.set()
+        end = commit_log.max_offset
+        if self._sync_flush:
+            self._flusher.request(end)
+        return end
+
+    def catch_up_for_writes(self) -> None:
+        """Before a promoted replica's first own put: dispatch everything replicated and take
+        each queue's next offset and the last store time from what was dispatched."""
+        self._check_open()
+        self._dispatcher.catch_up()
+        self._commit_log.continue_after({key: queue.max_offset for key, queue in self._queues.queues.items()},
+                                        self._dispatcher.last_store_timestamp)
+        self.writes_need_catch_up = False
+
+    def cut(self, offset: int) -> None:
+        """Cut CommitLog, ConsumeQueue and IndexFile at ``offset`` (a record boundary).
+
+        Crash-safe: the intent is recorded in the ``truncate`` marker first and the marker
+        removed only once the cut and a new checkpoint are on disk; a start that finds it
+        finishes the cut before trusting anything past ``offset``.
+        """
+        self._check_open()
+        commit_log = self._commit_log
+        if offset == commit_log.max_offset:
+            return
+        if not commit_log.min_offset <= offset < commit_log.max_offset:
+            raise StoreError(f"cannot cut at {offset}: the commit log holds [{commit_log.min_offset}, "
+                             f"{commit_log.max_offset}); use reset() to replace it")
+        self._check_record_boundary(offset)
+        self._pause_background()
+        try:
+            self._cut_marker.write(CutIntent(CUT, offset))
+            self._dispatcher.dispatched_offset = min(self._dispatcher.dispatched_offset, offset)
+            commit_log.set_end(offset)
+            for queue in self._queues.all():
+                queue.truncate_physical(offset)
+            self._index.rollback(offset, repair=False)
+            self._confirm_offset = min(self._confirm_offset, offset)
+            self.writes_need_catch_up = True
+            self._flusher.flush_now()
+            self._flusher.write_checkpoint()
+            self._cut_marker.clear()
+        finally:
+            self._resume_background()
+        log.info("commit log cut at %d for replication", offset)
+
+    def reset(self, start_offset: int) -> None:
+        """Drop the whole log and its indexes; the log restarts empty at ``start_offset``
+        (a segment boundary). For a replica whose master no longer holds its log's start."""
+        self._check_open()
+        segment_bytes = self._commit_log.segment_bytes
+        if start_offset < 0 or start_offset % segment_bytes:
+            raise StoreError(f"reset offset {start_offset} is not a segment boundary "
+                             f"(segments are {segment_bytes} bytes)")
+        self._pause_background()
+        try:
+            self._cut_marker.write(CutIntent(RESET, start_offset))
+            self._drop_everything(start_offset, self._checkpoint)
+            self._flusher.write_checkpoint()
+            self._cut_marker.clear()
+        finally:
+            self._resume_background()
+        log.info("commit log reset to start at %d for replication", start_offset)
+
+    def _drop_everything(self, start_offset: int, checkpoint: Checkpoint) -> None:
+        self._queues.destroy_all()
+        self._index.destroy_all()
+        commit_log = self._commit_log
+        dispatcher = self._dispatcher
+        commit_log.segments.reset_to(start_offset)
+        commit_log.max_offset = commit_log.flushed_offset = start_offset
+        commit_log.queue_offsets = {}
+        dispatcher.dispatched_offset = start_offset
+        self._confirm_offset = start_offset
+        checkpoint.write(CheckpointState(
+            physic_msg_timestamp=commit_log.last_store_timestamp, logics_msg_timestamp=dispatcher.last_store_timestamp,
+            index_msg_timestamp=dispatcher.last_store_timestamp, confirm_phy_offset=start_offset,
+            flushed_phy_offset=start_offset, dispatched_phy_offset=start_offset))
+
+    def _check_record_boundary(self, offset: int) -> None:
+        segment = self._commit_log.segments.find(offset)
+        try:
+            invariant(segment is not None, "offset inside the log")
+            header = codec.check_record(segment.mm, offset - segment.start_offset, segment.size)
+        except (CorruptMessage, AssertionError) as error:
+            raise StoreError(f"cannot cut at {offset}: no whole record starts there ({error})") from None
+        if header.is_blank:
+            raise StoreError(f"cannot cut at {offset}: a segment's closing blank record starts there")
+
+    def _pause_background(self) -> None:
+        self._retention.stop()
+        self._dispatcher.stop()
+        self._flusher.stop()
+
+    def _resume_background(self) -> None:
+        self._flusher.start()
+        self._dispatcher.start()
+        self._retention.start()

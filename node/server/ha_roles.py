@@ -132,13 +132,13 @@ class HaRuntime:
         if not caught_up:
             log.warning("dispatch did not catch up within %d s of becoming master", DISPATCH_CATCH_UP_TIMEOUT_S)
         await trio.to_thread.run_sync(self.sys_config.replay)
-        service = HAService(self.store, self._service_settings(), epoch, self.epochs.entries,
+        service = HAService(self.store.replica_log, self._service_settings(), epoch, self.epochs.entries,
                             sync_state_set=sync_state_set,
                             on_sync_state_set_change=self._on_sync_state_set_change,
                             on_confirm_advanced=self._on_confirm_advanced)
         # under a controller a failover elects any member of the sync-state set, so a consumer
         # reads only what all of them hold (DESIGN.md); a static master serves what it has
-        self.store.reads_up_to_confirm_offset = self.config.zk_hosts is not None
+        self.store.limit_reads_to_confirm_offset(self.config.zk_hosts is not None)
         self._service_part = await self._start_part("ha-service", serve_ha, service, self.ha_listeners)
         self.ha_service = service
         self.role.change(Role.MASTER, epoch, self.client_address)
@@ -149,12 +149,12 @@ class HaRuntime:
         # a proxied cluster: dial this master through the proxy of this slave -> master pair
         master_ha_address = self.config.peer_ha_addresses.get(master_ha_address, master_ha_address)
         self.role.change(Role.SLAVE, epoch, master_client_address)  # no write is accepted from here on
-        self.store.reads_up_to_confirm_offset = False  # a slave serves what it has replicated
+        self.store.limit_reads_to_confirm_offset(False)  # a slave serves what it has replicated
         await self._stop_service("stepped down to slave")
         if self._client_part is not None and self._master_ha_address == master_ha_address:
             return  # already following that master
         await self._stop_client()
-        client = HAClient(self.store, self.epochs, self._client_settings(master_ha_address),
+        client = HAClient(self.store.replica_log, self.epochs, self._client_settings(master_ha_address),
                           on_truncated=self._after_truncation)
         self._client_part = await self._start_part("ha-client", serve_ha_client, client)
         self.ha_client = client

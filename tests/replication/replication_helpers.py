@@ -47,7 +47,7 @@ def log_bytes(store: MessageStore) -> bytes:
     for _ in range(1_000_000):
         if offset >= store.max_physical_offset:
             break
-        chunk = store.read_for_replication(offset, 1 << 20)
+        chunk = store.replica_log.read(offset, 1 << 20)
         pieces.append(chunk)
         offset += len(chunk)
     return b"".join(pieces)
@@ -67,12 +67,14 @@ def begin_term(store: MessageStore, epochs: EpochFile, epoch: int | None = None)
 
 
 async def start_master(nursery, store: MessageStore, epochs: EpochFile, *, node_id: str = "m",
-                       secret: str | None = "s3cret", **settings) -> tuple[HAService, str]:
+                       secret: str | None = "s3cret", on_confirm_advanced=None, replica_store=None,
+                       **settings) -> tuple[HAService, str]:
+    """An HAService on a free loopback port over ``store``'s replica log (or ``replica_store``)."""
     sync = settings.pop("sync", SyncSettings())
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    service = HAService(store, HaServiceSettings(node_id=node_id, group="g", cluster="c", secret=secret, sync=sync,
-                                                 **settings),
-                        epochs.last_epoch, epochs.entries)
+    service = HAService(replica_store or store.replica_log,
+                        HaServiceSettings(node_id=node_id, group="g", cluster="c", secret=secret, sync=sync, **settings),
+                        epochs.last_epoch, epochs.entries, on_confirm_advanced=on_confirm_advanced)
     await nursery.start(serve_ha, service, listeners)
     host, port = listeners[0].socket.getsockname()[:2]
     return service, f"{host}:{port}"
@@ -92,9 +94,10 @@ class RunningClient:
 
 
 async def start_slave(nursery, store: MessageStore, address: str, *, node_id: str = "s1",
-                      secret: str | None = "s3cret", **settings) -> RunningClient:
+                      secret: str | None = "s3cret", replica_store=None, **settings) -> RunningClient:
+    """An HAClient following ``address`` into ``store``'s replica log (or ``replica_store``)."""
     epochs = epoch_file(store)
-    client = HAClient(store, epochs, HaClientSettings(node_id=node_id, group="g", cluster="c",
+    client = HAClient(replica_store or store.replica_log, epochs, HaClientSettings(node_id=node_id, group="g", cluster="c",
                                                       master_ha_address=address, secret=secret,
                                                       backoff_min_ms=20, backoff_max_ms=200, **settings))
     done = trio.Event()

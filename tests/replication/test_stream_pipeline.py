@@ -32,7 +32,7 @@ def chunks(master, count: int, max_bytes: int) -> list[tuple[int, bytes]]:
     """The master's first ``count`` replication chunks as (offset, bytes)."""
     result, offset = [], 0
     for _ in range(count):
-        data = bytes(master.read_for_replication(offset, max_bytes))
+        data = bytes(master.replica_log.read(offset, max_bytes))
         assert data
         result.append((offset, data))
         offset += len(data)
@@ -65,7 +65,7 @@ async def scripted_master(stream, script, acks: list[int]) -> None:
 
 async def follow_until_failure(slave, script) -> tuple[BaseException, list[int]]:
     """Run one HAClient session against the script; the error that ended it and the acks."""
-    client = HAClient(slave, epoch_file(slave), HaClientSettings(node_id="s1", group="g", cluster="c",
+    client = HAClient(slave.replica_log, epoch_file(slave), HaClientSettings(node_id="s1", group="g", cluster="c",
                                                                  master_ha_address="memory:0", secret=SECRET,
                                                                  ack_interval_ms=50))
     master_stream, slave_stream = trio.testing.memory_stream_pair()
@@ -137,13 +137,13 @@ async def test_exactly_into_takes_what_is_buffered_first_then_reads_the_stream()
 async def test_the_log_is_read_as_views_and_appended_from_views(open_store):
     master, slave = open_store("master"), open_store("slave")
     put(master, 300, body_bytes=900)
-    view = master.read_for_replication(0, 100_000)
+    view = master.replica_log.read(0, 100_000)
     assert isinstance(view, memoryview) and view.readonly
     with pytest.raises(TypeError):
         view[0] = 0
-    assert slave.append_replicated(0, view) == len(view)
+    assert slave.replica_log.append(0, view) == len(view)
     assert bytes(slave.commit_log.read(0, len(view))) == bytes(view)  # pwrite shows through the mapping
-    assert len(master.read_for_replication(master.max_physical_offset, 100)) == 0
+    assert len(master.replica_log.read(master.max_physical_offset, 100)) == 0
 
 
 def test_mapped_file_write_and_populate(tmp_path):

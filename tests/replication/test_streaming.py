@@ -190,12 +190,12 @@ async def test_readers_capped_at_the_confirm_offset_see_only_what_the_sync_state
     master, slave = open_store("master"), open_store("slave")
     master_epochs = epoch_file(master)
     begin_term(master, master_epochs)
-    master.reads_up_to_confirm_offset = True
+    master.limit_reads_to_confirm_offset(True)
+    woken = []
     async with trio.open_nursery() as nursery:
         service, address = await start_master(nursery, master, master_epochs,
-                                              sync=SyncSettings(min_in_sync_replicas=2, max_time_not_catchup_ms=1_000))
-        woken = []
-        service.on_confirm_advanced = lambda: woken.append(master.confirm_offset)
+                                              sync=SyncSettings(min_in_sync_replicas=2, max_time_not_catchup_ms=1_000),
+                                              on_confirm_advanced=lambda: woken.append(master.confirm_offset))
         (alone,) = put(master, 1, prefix="alone", queues=1)
         service.notify_appended()            # the master alone is the sync-state set: readable at once
         assert master.confirm_offset == alone.end_offset and woken

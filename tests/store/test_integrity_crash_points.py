@@ -84,8 +84,8 @@ WRITER = textwrap.dedent("""
             if target:
                 offset = target[0].physical_offset
                 print("CUTTING", offset, flush=True)
-                store.truncate_to(offset)
-                store.catch_up_for_writes()
+                store.replica_log.cut(offset)
+                store.replica_log.catch_up_for_writes()
                 print("CUT", offset, flush=True)
             continue
         if action < 0.15:

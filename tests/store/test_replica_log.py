@@ -1,4 +1,5 @@
-"""The store's replication surface: whole-record chunks, replica appends, cuts and resets."""
+"""The store's replica log (store.replica_log): whole-record chunks, replica appends, cuts,
+resets and the confirm offset."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 
 import pytest
 
-from store import Message, MessageStore, PutStatus, StoreError
+from store import Message, MessageStore, PutStatus, StoreClosedError, StoreError
 from store.replica_log import CUT, RESET, ChunkError, CutIntent, CutMarker, check_chunk
 from store_helpers import make_config, pull_all, segment_files
 
@@ -27,10 +28,10 @@ def replicate(master: MessageStore, replica: MessageStore, max_bytes: int) -> in
     chunks = 0
     for _ in range(100_000):
         offset = replica.max_physical_offset
-        chunk = master.read_for_replication(offset, max_bytes)
+        chunk = master.replica_log.read(offset, max_bytes)
         if not chunk:
             return chunks
-        assert replica.append_replicated(offset, chunk) == offset + len(chunk)
+        assert replica.replica_log.append(offset, chunk) == offset + len(chunk)
         chunks += 1
     raise AssertionError("replication did not finish")
 
@@ -76,15 +77,15 @@ def test_replica_append_refuses_the_wrong_offset_and_broken_framing(open_store):
     master = open_store()
     fill(master, 10)
     replica = open_store()
-    chunk = master.read_for_replication(0, 1 << 20)
+    chunk = master.replica_log.read(0, 1 << 20)
     with pytest.raises(StoreError):
-        replica.append_replicated(100, chunk)             # not the replica's end
+        replica.replica_log.append(100, chunk)             # not the replica's end
     with pytest.raises(ChunkError):
-        replica.append_replicated(0, chunk[:-3])          # ends inside a record
+        replica.replica_log.append(0, chunk[:-3])          # ends inside a record
     with pytest.raises(ChunkError):
-        replica.append_replicated(0, b"\0" * 8 + chunk)   # no record at the start
+        replica.replica_log.append(0, b"\0" * 8 + chunk)   # no record at the start
     assert replica.max_physical_offset == 0
-    replica.append_replicated(0, chunk)
+    replica.replica_log.append(0, chunk)
     assert replica.max_physical_offset == master.max_physical_offset
 
 
@@ -106,7 +107,7 @@ def test_truncate_cuts_log_queues_and_index_and_replication_resumes(open_store):
     replicate(master, replica, 1 << 20)
     assert replica.wait_dispatched()
     cut = results[120].physical_offset
-    replica.truncate_to(cut)
+    replica.replica_log.cut(cut)
     assert replica.max_physical_offset == cut
     assert replica.query_by_key("t", "k150") == []
     assert replica.query_by_key("t", "k100")
@@ -124,9 +125,9 @@ def test_truncate_refuses_offsets_that_are_no_record_start(open_store):
     store = open_store()
     results = fill(store, 5)
     with pytest.raises(StoreError, match="no whole record"):
-        store.truncate_to(results[2].physical_offset + 3)
+        store.replica_log.cut(results[2].physical_offset + 3)
     with pytest.raises(StoreError, match="holds"):
-        store.truncate_to(store.max_physical_offset + 100)
+        store.replica_log.cut(store.max_physical_offset + 100)
     assert store.max_physical_offset == results[-1].end_offset
 
 
@@ -163,8 +164,8 @@ def test_reset_replaces_the_log_with_an_empty_one_at_a_segment_boundary(open_sto
     replica = open_store()
     replicate(master, replica, 1 << 20)
     with pytest.raises(StoreError, match="segment boundary"):
-        replica.reset(100)
-    replica.reset(2 * SEGMENT)
+        replica.replica_log.reset(100)
+    replica.replica_log.reset(2 * SEGMENT)
     assert replica.min_physical_offset == replica.max_physical_offset == 2 * SEGMENT
     assert replica.topics() == {}
     replicate(master, replica, 1 << 20)
@@ -193,24 +194,62 @@ def test_an_interrupted_reset_is_finished_at_the_next_start(tmp_path):
 def test_store_timestamp_at(open_store):
     store = open_store()
     results = fill(store, 3)
-    assert store.store_timestamp_at(results[1].physical_offset) == results[1].store_timestamp
-    assert store.store_timestamp_at(store.max_physical_offset) == -1
+    assert store.replica_log.store_timestamp_at(results[1].physical_offset) == results[1].store_timestamp
+    assert store.replica_log.store_timestamp_at(store.max_physical_offset) == -1
 
 
 def test_reads_stop_before_the_confirm_offset_when_asked(open_store):
     store = open_store()
     results = fill(store, 9)                  # queue 0 holds messages 0, 3, 6
     assert store.wait_dispatched()
-    store.reads_up_to_confirm_offset = True
-    store.confirm_offset = results[3].end_offset
+    store.limit_reads_to_confirm_offset(True)
+    store.replica_log.publish_confirm_offset(results[3].end_offset)
     assert [m.physical_offset for m in store.pull("t", 0, 0).messages] == [results[0].physical_offset,
                                                                              results[3].physical_offset]
     blocked = store.pull("t", 0, 2)
     assert blocked.messages == [] and blocked.next_offset == 2 and blocked.max_offset == 3
-    store.confirm_offset = results[6].end_offset - 1   # a message counts only when wholly below
+    store.replica_log.publish_confirm_offset(results[6].end_offset - 1)   # a message counts only when wholly below
     assert store.pull("t", 0, 2).messages == []
-    store.confirm_offset = results[6].end_offset
+    store.replica_log.publish_confirm_offset(results[6].end_offset)
     assert [m.physical_offset for m in store.pull("t", 0, 2).messages] == [results[6].physical_offset]
-    store.reads_up_to_confirm_offset = False
-    store.confirm_offset = 0
+    store.limit_reads_to_confirm_offset(False)
     assert len(pull_all(store, "t", 0)) == 3
+
+
+def test_the_confirm_offset_only_rises_when_published_and_falls_with_a_cut(open_store):
+    store = open_store()
+    results = fill(store, 6)
+    replica = store.replica_log
+    replica.publish_confirm_offset(results[4].end_offset)
+    replica.publish_confirm_offset(results[1].end_offset)      # an older figure changes nothing
+    assert store.confirm_offset == replica.confirm_offset == results[4].end_offset
+    replica.cut(results[2].physical_offset)
+    assert replica.confirm_offset == results[2].physical_offset
+    replica.reset(2 * SEGMENT)
+    assert replica.confirm_offset == 2 * SEGMENT
+
+
+def test_the_confirm_offset_survives_a_restart_within_the_recovered_log(tmp_path):
+    path = tmp_path / "s"
+    store = MessageStore(make_config(path))
+    store.start()
+    results = fill(store, 5)
+    store.replica_log.publish_confirm_offset(results[3].end_offset)
+    store.shutdown()
+    store.start()
+    try:
+        assert store.replica_log.confirm_offset == results[3].end_offset
+    finally:
+        store.shutdown()
+
+
+def test_replica_operations_need_a_running_store(tmp_path):
+    store = MessageStore(make_config(tmp_path / "s"))
+    store.start()
+    fill(store, 2)
+    replica = store.replica_log
+    store.shutdown()
+    for operation in (lambda: replica.read(0, 100), lambda: replica.append(0, b""), lambda: replica.cut(0),
+                      lambda: replica.reset(0), replica.catch_up_for_writes):
+        with pytest.raises(StoreClosedError):
+            operation()
