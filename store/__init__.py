@@ -20,7 +20,7 @@ _EXPORTS = {
     "DiskFullError": "errors", "MessageNotFound": "errors", "StoreClosedError": "errors",
     "StoreConfigError": "errors", "StoreCorruptError": "errors", "StoreError": "errors",
     "Message": "message", "PutResult": "message", "PutStatus": "message", "PlainBatch": "put_batch",
-    "GetResult": "message_store", "GetStatus": "message_store", "MessageStore": "message_store",
+    "GetResult": "reads", "GetStatus": "reads", "MessageStore": "message_store",
     "StoreStatistics": "message_store",
 }
 

@@ -4,8 +4,11 @@
                  truncate   (only while a replication cut is in progress)
 
 It owns the parts (CommitLog, ConsumeQueueTable, IndexService, Dispatcher, FlushService,
-Checkpoint, ConfigStore, Retention) and wires them; none of them holds a reference back to
-it. Synchronous and thread-safe: puts serialise on the CommitLog's write lock, reads run
+Checkpoint, ConfigStore, Retention, Integrity, ReplicaLog) and wires them; none of them holds
+a reference back to it. Writing is here (one put function, ``append``, over ``prepare`` and
+``put_batch``); reading is ``reads.StoreReads``; replication is given ``replica_log``.
+
+Synchronous and thread-safe: puts serialise on the CommitLog's write lock, reads run
 concurrently, and three daemon threads do the background work (dispatch, flush,
 retention) plus one that preallocates the next segment. With ``dispatcher_thread: false``
 the owner runs dispatch in its own loop instead (see dispatcher.py).
@@ -13,66 +16,35 @@ the owner runs dispatch in its own loop instead (see dispatcher.py).
 
 from __future__ import annotations
 
-import enum
 import errno
 import fcntl
 import json
 import logging
 import os
-import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import codec
 from .checkpoint import Checkpoint
 from .codec import StoredMessage
-from .commit_log import CommitLog, PreparedMessage, now_ms
+from .commit_log import CommitLog, now_ms
 from .config import StoreConfig
 from .config_files import ConfigStore, fsync_directory, write_atomically
 from .dispatcher import ConsumeQueueTable, Dispatcher
-from .errors import DiskFullError, MessageNotFound, StoreClosedError, StoreConfigError, StoreCorruptError, StoreError
+from .errors import DiskFullError, StoreClosedError, StoreConfigError, StoreError
 from .flush import FlushService
 from .index_file import IndexService
-from .integrity import CorruptRecord, Integrity, IntegrityStatistics
+from .integrity import Integrity, IntegrityStatistics
 from .message import Message, PutResult, PutStatus
-from .put_batch import Batch, PlainBatch, regular_columns
+from .prepare import Preparer
+from .put_batch import Batch, PlainBatch
+from .reads import GetResult, GetStatus, StoreReads
 from .recovery import RecoveryReport, recover
 from .replica_log import CUT, RESET, ReplicaLog
 from .retention import Retention
 
 log = logging.getLogger(__name__)
 
-MAX_QUEUE_ID = 2**31 - 1
-MAX_BODY_BYTES = codec.MAX_BODY_BYTES
-# a record is its header, body, tail (codec.encode_tail) and the HCRC digits
-RECORD_BYTES_BESIDE_BODY_AND_TAIL = codec.HEADER.size + codec.HCRC_VALUE_BYTES
-_encode_tail = codec.encode_tail
-_crc32 = codec.crc32
-_new_tuple = tuple.__new__
-PULL_BATCH_MAX = 1024
-
-
-class GetStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_NEW_MESSAGE = "NO_NEW_MESSAGE"
-    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
-    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
-    OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
-
-
-@dataclass(frozen=True, slots=True)
-class GetResult:
-    """A pull's answer: the messages and where the next pull should start."""
-
-    status: GetStatus
-    messages: list[StoredMessage]
-    next_offset: int
-    min_offset: int
-    max_offset: int
-    # records of this range that cannot be served (CRC failed, or lost): skipped, each named
-    # by queue offset, so a consumer moves past them knowingly (store/integrity.py)
-    corrupt: tuple[CorruptRecord, ...] = ()
+__all__ = ["GetResult", "GetStatus", "MessageStore", "StoreStatistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +90,12 @@ class MessageStore:
         self.retention: Retention | None = None
         self.configs: ConfigStore | None = None
         self.recovery: RecoveryReport | None = None
-        # under a controller, consumers read only what every in-sync replica holds: pulls
-        # stop before the first message not wholly below the confirm offset
-        self._reads_up_to_confirm_offset = False
+        self.reads = StoreReads(self.commit_log, self.queues, self.index, self.dispatcher, self.integrity,
+                                self.replica_log, check_crc=config.check_crc_on_read)
+        self.preparer = Preparer(config.commitlog_segment_bytes)
         self._lock_fd: int | None = None
         self._running = False
         self._abort_path = os.path.join(root, "abort")
-        self._topic_cache: dict[str, bytes] = {}       # legal topic -> TOPICLEN + TOPIC bytes
-        self._host_cache: dict[str, bytes] = {}
-        # the largest record a segment takes: it must leave room for the closing blank record
-        self._largest_record = config.commitlog_segment_bytes - codec.END_OF_SEGMENT_MIN_BLANK
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> RecoveryReport:
@@ -260,58 +228,6 @@ class MessageStore:
         return self._running
 
     # --- writing -------------------------------------------------------------------------
-    def prepare(self, message: Message) -> PreparedMessage | PutResult:
-        """Validate and pre-encode a message; a PutResult carries the refusal.
-
-        Runs outside the write lock, so one caller's encoding never holds up another's
-        write. Topic and host checks are cached: they repeat across messages.
-        """
-        topic = message.topic
-        topic_prefix = self._topic_cache.get(topic) if type(topic) is str else None
-        if topic_prefix is None:
-            problem = codec.topic_problem(topic)
-            if problem:
-                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
-            topic_prefix = codec.encode_topic(topic)
-            if len(self._topic_cache) < 100_000:
-                self._topic_cache[topic] = topic_prefix
-        body = message.body
-        if type(body) is not bytes:
-            if not isinstance(body, (bytes, bytearray, memoryview)):
-                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="body must be bytes")
-            body = bytes(body)
-        body_length = len(body)
-        if body_length > MAX_BODY_BYTES:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL,
-                             reason=f"body is {body_length} bytes, over the {MAX_BODY_BYTES} byte limit")
-        queue_id = message.queue_id
-        if type(queue_id) is not int or not 0 <= queue_id <= MAX_QUEUE_ID:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="queue id must be an int in [0, 2^31)")
-        if message.sys_flag or type(message.sys_flag) is not int:
-            problem = codec.sys_flag_problem(message.sys_flag, body)
-            if problem:
-                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=problem)
-        properties = _properties_of(message)
-        if type(properties) is PutResult:
-            return properties
-        born_host = self._host_cache.get(message.born_host) if type(message.born_host) is str else None
-        if born_host is None:
-            try:
-                born_host = codec.encode_host(message.born_host)
-            except (ValueError, TypeError, AttributeError) as error:
-                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"born_host: {error}")
-            if len(self._host_cache) < 100_000:
-                self._host_cache[message.born_host] = born_host
-        tail = _encode_tail(topic_prefix, properties)
-        size = RECORD_BYTES_BESIDE_BODY_AND_TAIL + body_length + len(tail)
-        if size > self._largest_record:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL,
-                             reason=f"message of {size} bytes cannot fit a {self.config.commitlog_segment_bytes} "
-                                    "byte segment")
-        return _new_tuple(PreparedMessage, (
-            topic, queue_id, body, _crc32(body) & 0x7FFFFFFF, tail, message.flag, message.sys_flag,
-            message.born_timestamp, born_host, message.reconsume_times, message.prepared_transaction_offset, size))
-
     def append(self, batch: Batch) -> list[PutResult]:
         """Write a batch without waiting for the disk; refused messages get their status in
         their place. The store's one put function.
@@ -319,11 +235,11 @@ class MessageStore:
         ``batch`` is a list of Messages or a ``PlainBatch`` (a producer's batch as columns:
         no Message per message when it is regular). A regular batch of several messages is
         encoded column-wise (``put_batch``); any other is prepared and placed one message at a
-        time (``prepare``, ``CommitLog.append``). Both write the same bytes."""
+        time (``Preparer.prepare``, ``CommitLog.append``). Both write the same bytes."""
         self._check_running()
         if self.replica_log.writes_need_catch_up:
             self.replica_log.catch_up_for_writes()
-        columns = regular_columns(batch, self._topic_cache, self._host_cache, self._largest_record)
+        columns = self.preparer.regular_columns(batch)
         if columns is not None:
             results = self.commit_log.append_columns(columns)
         else:
@@ -337,7 +253,7 @@ class MessageStore:
             wake.set()
 
     def _append_each(self, messages: list[Message]) -> list[PutResult]:
-        prepare = self.prepare
+        prepare = self.preparer.prepare
         prepared = [prepare(message) for message in messages]
         written = [outcome for outcome in prepared if type(outcome) is not PutResult]
         results = self.commit_log.append(written) if written else []
@@ -370,126 +286,49 @@ class MessageStore:
         timeout_ms = self.config.sync_flush_timeout_ms if timeout_ms is None else timeout_ms
         return self.flusher.wait_flushed(offset, timeout_ms / 1000)
 
-    # --- reading -------------------------------------------------------------------------
+    # --- reading (``reads``) -------------------------------------------------------------
     def pull(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32,
              max_bytes: int = 8 * 1024 * 1024) -> GetResult:
-        """Messages of one queue from ``queue_offset``, at most ``max_count`` and about ``max_bytes``."""
+        """Messages of one queue from ``queue_offset``, at most ``max_count`` and about
+        ``max_bytes`` (``StoreReads.pull``)."""
         self._check_running()
-        queue = self.queues.get(topic, queue_id)
-        if queue is None:
-            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, [], 0, 0, 0)
-        min_offset, max_offset = self._queue_min(queue), queue.max_offset
-        if queue_offset < min_offset:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], min_offset, min_offset, max_offset)
-        if queue_offset > max_offset:
-            return GetResult(GetStatus.OFFSET_OVERFLOW, [], max_offset, min_offset, max_offset)
-        if queue_offset == max_offset:
-            return GetResult(GetStatus.NO_NEW_MESSAGE, [], queue_offset, min_offset, max_offset)
-        read_limit = self.replica_log.confirm_offset if self._reads_up_to_confirm_offset else None
-        count = min(max_count, PULL_BATCH_MAX)
-        read = self.integrity.read_queue(queue, queue_offset, count, check_crc=self.config.check_crc_on_read,
-                                         read_limit=read_limit, max_bytes=max_bytes)
-        if read.damaged:   # the consume queue disagrees with the log: rebuilt from it, read again
-            log.warning("consume queue %s/%d: %s; rebuilding it from the log", topic, queue_id, read.damaged)
-            self.integrity.rebuild_queues({(topic, queue_id)})
-            queue = self.queues.get(topic, queue_id)
-            read = self.integrity.read_queue(queue, queue_offset, count, check_crc=self.config.check_crc_on_read,
-                                             read_limit=read_limit, max_bytes=max_bytes)
-            if read.damaged:
-                raise StoreCorruptError(f"consume queue {topic}/{queue_id} still disagrees with the log after "
-                                        f"a rebuild: {read.damaged}")
-        messages, next_offset = read.messages, read.next_offset
-        status = GetStatus.FOUND if messages else GetStatus.NO_NEW_MESSAGE
-        return GetResult(status, messages, next_offset, min_offset, max_offset, tuple(read.corrupt))
+        return self.reads.pull(topic, queue_id, queue_offset, max_count, max_bytes)
 
     def get(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32) -> list[StoredMessage]:
-        """Decoded messages of one queue from ``queue_offset`` (see ``pull`` for the details)."""
-        return self.pull(topic, queue_id, queue_offset, max_count).messages
+        """Decoded messages of one queue from ``queue_offset`` (see ``pull``)."""
+        self._check_running()
+        return self.reads.get(topic, queue_id, queue_offset, max_count)
 
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**63 - 1,
                      max_count: int = 32) -> list[StoredMessage]:
         """Messages of ``topic`` whose KEYS hold ``key`` (or whose UNIQ_KEY is it), stored in
-        [begin_ms, end_ms]; the newest ``max_count``, returned oldest first."""
+        [begin_ms, end_ms]; the newest ``max_count``, oldest first."""
         self._check_running()
-        key_hash = codec.index_key_hash(f"{topic}#{key}")
-        found: dict[int, StoredMessage] = {}
-        for offset in self.index.candidates(key_hash, begin_ms, end_ms):
-            if offset in found or offset < self.commit_log.min_offset or offset >= self.dispatcher.dispatched_offset:
-                continue
-            try:
-                message = self.commit_log.read_message(offset, check_crc=self.config.check_crc_on_read)
-            except (MessageNotFound, StoreCorruptError):
-                continue
-            if message.topic == topic and begin_ms <= message.store_timestamp <= end_ms and \
-                    (key in message.keys or message.uniq_key == key):
-                found[offset] = message
-                if len(found) >= max_count:
-                    break
-        return [found[offset] for offset in sorted(found)]
+        return self.reads.query_by_key(topic, key, begin_ms, end_ms, max_count)
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        """The queue offset of the first message stored at or after ``timestamp_ms``
-        (max offset if every message is older). Binary search over the ConsumeQueue."""
+        """The queue offset of the first message stored at or after ``timestamp_ms``."""
         self._check_running()
-        queue = self.queues.get(topic, queue_id)
-        if queue is None:
-            return 0
-        low, high = self._queue_min(queue), queue.max_offset
-        while low < high:
-            middle = (low + high) // 2
-            stored_at = self.commit_log.store_timestamp_at(queue.physical_offset_at(middle))
-            if stored_at < timestamp_ms:
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        return self.reads.offset_by_time(topic, queue_id, timestamp_ms)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first queue offset whose message still exists."""
         self._check_running()
-        queue = self.queues.get(topic, queue_id)
-        return self._queue_min(queue) if queue else 0
+        return self.reads.min_offset(topic, queue_id)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next message of the queue gets (once dispatched)."""
         self._check_running()
-        queue = self.queues.get(topic, queue_id)
-        return queue.max_offset if queue else 0
-
-    def _queue_min(self, queue) -> int:
-        """First entry whose message still exists (retention may have cut the log under it)."""
-        low, high = queue.min_offset, queue.max_offset
-        floor = self.commit_log.min_offset
-        if low >= high or queue.physical_offset_at(low) >= floor:
-            return low
-        while low < high:
-            middle = (low + high) // 2
-            if queue.physical_offset_at(middle) < floor:
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        return self.reads.max_offset(topic, queue_id)
 
     def get_by_message_id(self, message_id: str) -> StoredMessage:
         """The message an offset message id names; MessageNotFound if it is not here."""
         self._check_running()
-        try:
-            host, offset = codec.parse_message_id(message_id)
-        except ValueError as error:
-            raise MessageNotFound(str(error)) from None
-        if offset >= self.dispatcher.dispatched_offset:
-            raise MessageNotFound(f"no message at offset {offset} yet")
-        try:
-            message = self.commit_log.read_message(offset, check_crc=self.config.check_crc_on_read)
-        except StoreCorruptError:
-            if not self.commit_log.record_starts_at(offset):   # a made-up id, not a damaged record
-                raise MessageNotFound(f"message id {message_id}: no message starts at offset {offset}") from None
-            raise
-        if message.physical_offset != offset or message.store_host != host:
-            raise MessageNotFound(f"message id {message_id} names {host} offset {offset}, which holds another message")
-        return message
+        return self.reads.get_by_message_id(message_id)
 
     def topics(self) -> dict[str, list[int]]:
         """Topics with their queue ids, as the ConsumeQueues know them."""
-        return self.queues.topics()
+        return self.reads.topics()
 
     # --- the log's ends and the confirm offset (replica operations: ``replica_log``) ------
     @property
@@ -510,7 +349,7 @@ class MessageStore:
         """Whether pulls stop before the first message not wholly below the confirm offset:
         a master under a controller serves only what every in-sync replica holds, a slave
         or a static master what it has."""
-        self._reads_up_to_confirm_offset = enabled
+        self.reads.limit_to_confirm_offset(enabled)
 
     # --- background hooks ----------------------------------------------------------------
     def add_dispatch_listener(self, listener) -> None:
@@ -559,51 +398,6 @@ class MessageStore:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-
-def _properties_of(message: Message) -> bytes | PutResult:
-    """The encoded properties (KEYS and TAGS folded in), or the refusal."""
-    keys = message.keys
-    tags = message.tags
-    properties = message.properties
-    pairs = 0
-    text = ""
-    if properties:
-        if not isinstance(properties, Mapping):
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="properties must be a map of strings to strings")
-        parts = []
-        for name, value in properties.items():
-            if type(name) is not str or type(value) is not str or not name:
-                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property names and values must be non-empty strings")
-            if name in codec.STORE_PROPERTY_NAMES:
-                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"property {name} is reserved for the store")
-            if (name == codec.PROPERTY_KEYS and keys) or (name == codec.PROPERTY_TAGS and tags):
-                continue  # the fields win over a property of the same name
-            parts.append(f"{name}\x01{value}\x02")
-        pairs = len(parts)
-        text = "".join(parts)
-    if keys:
-        if type(keys) is str:
-            keys = (keys,)
-        for key in keys:
-            if type(key) is not str or not key or " " in key:
-                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"key {key!r} must be a non-empty string without spaces")
-        text = f"{text}KEYS\x01{' '.join(keys)}\x02"
-        pairs += 1
-    if tags:
-        if type(tags) is not str:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="tags must be a string")
-        text = f"{text}TAGS\x01{tags}\x02"
-        pairs += 1
-    # every separator must be one this function wrote: none may come from a name or value
-    if text.count("\x01") != pairs or text.count("\x02") != pairs:
-        return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="property keys and values must not contain \\x01 or \\x02")
-    encoded = text.encode("utf-8")
-    if len(encoded) + codec.HCRC_PROPERTY_BYTES > codec.MAX_PROPERTIES_BYTES:
-        return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                         reason=f"properties take {len(encoded)} bytes; at most "
-                                f"{codec.MAX_PROPERTIES_BYTES - codec.HCRC_PROPERTY_BYTES} fit")
-    return encoded
 
 
 LAYOUT_FILE = "storeLayout.json"

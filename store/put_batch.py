@@ -1,7 +1,7 @@
 """Batch puts without a Python loop per message: the columns of a regular batch.
 
 A put of many messages used to run Python code per message twice, once to validate and
-encode (``MessageStore.prepare``) and once to place it (``CommitLog._append_to_segment``):
+encode (``Preparer.prepare``) and once to place it (``CommitLog._append_to_segment``):
 about 5 us a message on this machine, most of it interpreter overhead. Here a batch is
 turned into columns (one tuple per field) and every step is a C-level ``map`` over them:
 the checks are set and count operations over whole columns, the encodings are bound
@@ -119,7 +119,7 @@ def batch_columns(messages: list, tail_prefixes: dict[str, bytes], born_hosts: d
 
     ``tail_prefixes`` maps each known legal topic to its TOPICLEN + TOPIC bytes, and
     ``born_hosts`` each known born host to its 8 bytes; a topic or host missing from them
-    makes the batch irregular (the per-message path checks it and fills the caches).
+    makes the batch irregular (``Preparer.prepare`` checks it and fills the caches).
     """
     return _columns(*zip(*map(_MESSAGE_FIELDS, messages)), tail_prefixes, born_hosts, largest_record)
 
@@ -181,7 +181,7 @@ def _columns(topics: tuple, queue_ids, bodies, keys, tags, properties, flags, sy
 
 def _property_texts(keys: tuple, tags: tuple, properties: tuple[dict, ...]) -> list[str] | None:
     """Each message's properties as ``name\x01value\x02`` text (its map, then KEYS, then
-    TAGS, as ``message_store._properties_of`` writes them), or None if any needs the
+    TAGS, as ``prepare._properties_of`` writes them), or None if any needs the
     per-message path: a name, value, key or tag not exactly a str, an empty name or key, a
     key with a space, a separator inside a name or value, a store-owned name, keys not a
     list or tuple, or KEYS / TAGS set on some messages only."""

@@ -41,6 +41,12 @@ def _log_bytes(store) -> bytes:
                     for segment in log.segments.files)
 
 
+def _columns(store, messages):
+    """The columns of ``messages`` if the store would take them as a regular batch (any size)."""
+    preparer = store.preparer
+    return put_batch.batch_columns(messages, preparer.topic_prefixes, preparer.born_hosts, preparer.largest_record)
+
+
 def _warm(store, messages) -> None:
     """Teach a store the batch's topics and hosts (the column path only takes known ones)."""
     for topic, host in dict.fromkeys((message.topic, message.born_host) for message in messages):
@@ -68,7 +74,7 @@ def test_a_regular_batch_takes_the_column_path(open_store):
     store = open_store()
     messages = _regular(8)
     _warm(store, messages)
-    columns = put_batch.batch_columns(messages, store._topic_cache, store._host_cache, store._largest_record)
+    columns = _columns(store, messages)
     assert columns is not None and len(columns.sizes) == 8
 
 
@@ -101,8 +107,7 @@ def test_other_regular_shapes_write_the_same_bytes(open_store, change):
         elif change == "several hosts":
             message.born_host = f"10.0.0.{i % 3}:{5000 + i}"
     columns_store, each_store, column_results, each_results = _put_both(open_store, messages)
-    assert put_batch.batch_columns(messages, columns_store._topic_cache, columns_store._host_cache,
-                                   columns_store._largest_record) is not None
+    assert _columns(columns_store, messages) is not None
     assert column_results == each_results
     assert _log_bytes(columns_store) == _log_bytes(each_store)
 
@@ -152,8 +157,7 @@ def test_irregular_batches_go_message_by_message(open_store, name):
     for store in (columns_store, each_store):
         _warm(store, messages)
     IRREGULAR[name](messages)
-    assert put_batch.batch_columns(messages, columns_store._topic_cache, columns_store._host_cache,
-                                   columns_store._largest_record) is None
+    assert _columns(columns_store, messages) is None
     results = columns_store.append(messages)
     assert results == each_store._append_each(messages)
     assert _log_bytes(columns_store) == _log_bytes(each_store)
@@ -216,8 +220,7 @@ def _compare_paths(open_store, messages) -> bool:
     each_store = open_store()
     for store in (columns_store, each_store):
         _warm(store, [m for m in messages if m.topic != "new-one"])
-    regular = put_batch.batch_columns(messages, columns_store._topic_cache, columns_store._host_cache,
-                                      columns_store._largest_record) is not None
+    regular = _columns(columns_store, messages) is not None
     assert columns_store.append(messages) == each_store._append_each(messages)
     assert _log_bytes(columns_store) == _log_bytes(each_store)
     columns_store.shutdown()
@@ -281,8 +284,7 @@ def test_a_plain_batch_writes_what_its_messages_write(open_store, warm, count):
     if warm:
         for store in (plain_store, each_store):
             _warm(store, messages)
-    columns = put_batch.regular_columns(_plain_batch(messages), plain_store._topic_cache, plain_store._host_cache,
-                                        plain_store._largest_record)
+    columns = plain_store.preparer.regular_columns(_plain_batch(messages))
     # a topic not seen yet, or a small batch, is left to the per-message encoding
     assert (columns is not None) == (warm and count >= put_batch.COLUMNS_MESSAGES_MIN)
     plain_results = plain_store.append(_plain_batch(messages))
