@@ -32,7 +32,8 @@ from ..client import OutgoingMessage, open_connection, open_producer
 from ..server.config import NodeConfig
 from .echo import LENGTH, echo_request
 from ..errors import NodeError, NodeProcessError
-from ..cluster.process import NodeProcess, read_ready_line, stop_process
+from ..cluster.process import NodeProcess
+from ..cluster.processes import read_ready_line, stop_child
 from ..wire.protocol import RequestCode
 
 BODY = b"b" * 1024
@@ -162,13 +163,13 @@ class _EchoProcess:
         try:
             self.port = read_ready_line(self.process, 30)["port"]
         except BaseException:
-            stop_process(self.process, 5)
+            stop_child(self.process, 5)
             self.process.stdout.close()
             raise
         return self
 
     def __exit__(self, *exc_info) -> None:
-        stop_process(self.process, 10)
+        stop_child(self.process, 10)
         self.process.stdout.close()
 
 

@@ -7,9 +7,9 @@
     hastore cluster logs g1-n1 --dir /tmp/c
     hastore cluster down --dir /tmp/c
 
-The topology (cluster.yaml) lives in cluster_topology, process control in
-cluster_supervisor (``LocalCluster``, the Python API drills and chaos tests use); this
-module is only the command line over them.
+The topology (cluster.yaml) lives in topology.py, process control in supervisor.py
+(``LocalCluster``, the Python API drills and chaos tests use); this module is only the
+command line over them.
 """
 
 from __future__ import annotations

@@ -6,88 +6,46 @@
 
 The demo, the benchmarks and tests use it so that a client and the node it talks to are
 two processes, as they are in production. The node's stderr goes to a file in the
-directory and is quoted in the error when the node fails to start or to stop.
+directory and is quoted in the error when the node fails to start or to stop. Spawning,
+the ready line and the bounded stop are the process supervisor's (processes.py), the same
+one LocalCluster runs its processes with.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import signal
-import socket
-import subprocess
 import sys
-import time
 
 import yaml
 
 from ..errors import NodeProcessError
+from .processes import SupervisedProcess, log_tail, read_ready_line, spawn, stop_child
+from .topology import free_ports
 
 READY_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
-READY_LINE_BYTES_MAX = 64 * 1024
 STDERR_TAIL_BYTES = 4000
+
+__all__ = ["NodeProcess", "free_port", "stderr_tail"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
+    return free_ports(host, 1)[0]
 
 
 def stderr_tail(path: str, limit_bytes: int = STDERR_TAIL_BYTES) -> str:
-    """The last bytes of a log file, as text ('' when there is none)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(path) - limit_bytes))
-            return handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def read_ready_line(process: subprocess.Popen, timeout_s: float) -> dict:
-    """The JSON line a process prints on stdout once it serves; NodeProcessError if none in time."""
-    deadline = time.monotonic() + timeout_s
-    fd = process.stdout.fileno()
-    line = b""
-    while not line.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise NodeProcessError(f"no ready line within {timeout_s} s")
-        readable, _, _ = select.select([fd], [], [], remaining)
-        if not readable:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            raise NodeProcessError(f"the process exited before it was ready (exit status {process.wait(5)})")
-        line += chunk
-        if len(line) > READY_LINE_BYTES_MAX:
-            raise NodeProcessError("the ready line is too long: not a node's ready line")
-    try:
-        return json.loads(line)
-    except ValueError:
-        raise NodeProcessError(f"the ready line is not JSON: {line[:200]!r}") from None
-
-
-def stop_process(process: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> int:
-    """SIGTERM, wait up to ``timeout_s``, then SIGKILL; returns the exit status (-9 when killed)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait(STOP_TIMEOUT_S)
+    """The last bytes of a node's stderr log, as text ('' when there is none)."""
+    return log_tail(path, bytes_max=limit_bytes, missing="")
 
 
 class NodeProcess:
     """One running ``hastore node start`` process and what it reported when ready."""
 
-    def __init__(self, process: subprocess.Popen, ready: dict, config_path: str, store_path: str,
+    def __init__(self, supervised: SupervisedProcess, ready: dict, config_path: str, store_path: str,
                  stderr_path: str) -> None:
-        self.process = process
+        self.supervised = supervised
+        self.process = supervised.popen
         self.ready = ready
         self.config_path = config_path
         self.store_path = store_path
@@ -121,13 +79,14 @@ class NodeProcess:
             yaml.safe_dump(settings, handle)
         stderr_path = os.path.join(directory, "node.stderr.log")
         command = [sys.executable, *python_options, "-m", "node.cli", "node", "start", "--config", config_path]
-        with open(stderr_path, "wb") as stderr:
-            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+        process = spawn(command, stderr_path, append=False, ready_pipe=True)
         try:
             ready = read_ready_line(process, ready_timeout_s)
         except BaseException as error:
-            stop_process(process, 5)
-            process.stdout.close()
+            try:
+                stop_child(process, 5)
+            finally:
+                process.close()
             if isinstance(error, NodeProcessError):
                 raise NodeProcessError(f"node did not start: {error}\n{stderr_tail(stderr_path)}") from None
             raise
@@ -137,9 +96,9 @@ class NodeProcess:
         """SIGTERM (SIGKILL after ``timeout_s``); the exit status, 0 after a clean shutdown."""
         if self.exit_status is None:
             try:
-                self.exit_status = stop_process(self.process, timeout_s)
+                self.exit_status = stop_child(self.supervised, timeout_s, STOP_TIMEOUT_S)
             finally:
-                self.process.stdout.close()
+                self.supervised.close()
         return self.exit_status
 
     def stopped_cleanly(self) -> bool:
