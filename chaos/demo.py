@@ -19,8 +19,7 @@ import click
 import trio
 
 from node.client import OutgoingMessage, open_admin, open_consumer, open_producer
-from node.cluster.supervisor import ClusterStartError, LocalCluster
-from node.cluster.topology import ClusterError, topology_from_mapping
+from node.cluster import ClusterError, ClusterStartError, LocalCluster, topology_from_mapping
 from node.errors import NodeError
 from node.client.lag import render_table
 

@@ -15,8 +15,10 @@ Each round:
    whole history so far is checked (chaos.checker.check_sends): nothing acked is lost.
 
 A round ``recovered`` when 3-6 happened within their bounds; the drill is ``ok`` when every
-round recovered and lost nothing. It drives processes through LocalCluster and reads with
-the client library and ZooKeeper's records only.
+round recovered and lost nothing. It drives processes through LocalCluster, reads the
+cluster's state through LocalCluster.records() (master records with their epochs, the
+sync-state set, waits for a new master) and messages with the client library; it reads no
+znode itself.
 """
 
 from __future__ import annotations
@@ -28,11 +30,9 @@ from dataclasses import asdict, dataclass, field
 
 import trio
 
-from controller import MasterRecord, layout, znodes
-from controller.errors import ControllerError
+from controller import MasterRecord, NoMasterError
 from node.client import open_admin
-from node.cluster.supervisor import LocalCluster
-from node.cluster.topology import ClusterError
+from node.cluster import ClusterError, ClusterRecords, LocalCluster
 from node.errors import NodeError
 
 from .checker import SendVerdict, check_sends, percentile
@@ -156,14 +156,13 @@ async def _drill(cluster: LocalCluster, rounds: int, settings: DrillSettings, on
     run_id = uuid.uuid4().hex[:8]
     history = History()
     records: list[RoundRecord] = []
-    zk = znodes.make_client(cluster.zk_hosts, session_timeout_ms=4000)
     try:
-        await trio.to_thread.run_sync(lambda: zk.start(timeout=ZK_TIMEOUT_S))
-    except Exception as error:  # kazoo's connect timeout
+        cluster_records = await trio.to_thread.run_sync(cluster.records, ZK_TIMEOUT_S)
+    except ClusterError as error:
         raise DrillError(f"cannot connect to ZooKeeper at {cluster.zk_hosts}: {error}") from None
     verdict = None
     try:
-        drill = _Drill(cluster, settings, history, zk, run_id)
+        drill = _Drill(cluster, settings, history, cluster_records, run_id)
         await drill.create_topic()
         for number in range(1, rounds + 1):
             record = await drill.round(number)
@@ -174,32 +173,27 @@ async def _drill(cluster: LocalCluster, rounds: int, settings: DrillSettings, on
                 break      # the cluster is not in a state to kill its master again
         verdict = drill.last_verdict
     finally:
-        await trio.to_thread.run_sync(lambda: (zk.stop(), zk.close()))
+        await trio.to_thread.run_sync(cluster_records.close)
     return DrillReport(tuple(records), cluster.topology.controller.session_timeout_ms, verdict)
 
 
 class _Drill:
-    def __init__(self, cluster: LocalCluster, settings: DrillSettings, history: History, zk, run_id: str) -> None:
+    def __init__(self, cluster: LocalCluster, settings: DrillSettings, history: History, records: ClusterRecords,
+                 run_id: str) -> None:
         self.cluster = cluster
         self.settings = settings
         self.history = history
-        self.zk = zk
+        self.records = records
         self.topic = f"{settings.topic}-{run_id}"
         self.run_id = run_id
         self.secret = cluster.topology.secret
         self.last_verdict: SendVerdict | None = None
 
-    # --- ZooKeeper -----------------------------------------------------------------------
-    def _master_record(self) -> MasterRecord | None:
-        path = layout.master_path(self.cluster.topology.cluster, self.settings.group)
-        data, _ = znodes.get_or_none(self.zk, path, ZK_TIMEOUT_S)
-        return layout.decode(MasterRecord, data, path) if data is not None else None
-
+    # --- the cluster's records (LocalCluster.records) ------------------------------------
     async def live_master(self) -> MasterRecord | None:
         try:
-            return await trio.to_thread.run_sync(znodes.find_master_with_client, self.zk,
-                                                 self.cluster.topology.cluster, self.settings.group, ZK_TIMEOUT_S)
-        except ControllerError:
+            return await trio.to_thread.run_sync(self.records.live_master, self.settings.group)
+        except (NoMasterError, ClusterError):
             return None
 
     async def locate(self) -> str | None:
@@ -217,13 +211,10 @@ class _Drill:
 
     async def wait_successor(self, master: MasterRecord, timeout_s: float) -> None:
         """Until the sync-state set holds a live member besides the master."""
-        cluster = self.cluster.topology.cluster
         with trio.move_on_after(timeout_s):
             while True:
-                snapshot = await trio.to_thread.run_sync(znodes.read_group, self.zk, cluster, self.settings.group,
-                                                         ZK_TIMEOUT_S)
-                members = snapshot.view.sync_state_set.members if snapshot.view.sync_state_set else ()
-                if any(m != master.node_id and m in snapshot.view.live_nodes for m in members):
+                group = await trio.to_thread.run_sync(self.records.group, self.settings.group)
+                if group.successors(master.node_id):
                     return
                 await trio.sleep(STATUS_POLL_INTERVAL_S)
         raise DrillError(f"the sync-state set of group {self.settings.group} holds no live member besides "
@@ -295,13 +286,11 @@ class _Drill:
         await trio.to_thread.run_sync(self.cluster.kill, master.node_id)
         result: dict = {"kill_wall_ms": kill_wall_ms}
 
-        async def moved():
-            record = await trio.to_thread.run_sync(self._master_record)
-            if record is not None and (record.node_id != master.node_id or record.epoch > master.epoch):
-                return record
-            return None
-        record = await self._wait_for(moved, settings.failover_timeout_s)
-        if record is None:
+        try:
+            record = await trio.to_thread.run_sync(self.records.wait_for_new_master, settings.group, master,
+                                                   settings.failover_timeout_s, ZK_POLL_INTERVAL_S,
+                                                   abandon_on_cancel=True)
+        except ClusterError:
             result["error"] = f"ZooKeeper still names {master.node_id} master {settings.failover_timeout_s:g} s after the kill"
             return result
         result.update(detection_ms=round((self.history.now_s() - kill_s) * 1000, 1), new_master=record.node_id,

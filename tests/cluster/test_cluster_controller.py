@@ -85,7 +85,13 @@ def test_a_killed_master_is_replaced_and_comes_back_as_a_slave(cluster_dir):
         # only a member of the sync-state set may be elected: kill the master once a slave
         # has caught up and joined it (before that, no master is the right outcome)
         _wait_for_sync_state_set(cluster.node(old.node_id).client_address, 2)
-        cluster.kill(old.node_id)
+        with cluster.records() as records:     # what drills read: master record, sync-state set, waits
+            successors = _wait_for_successors(records, old.node_id)
+            assert set(successors) <= {spec.name for spec in cluster.nodes("g1")} - {old.node_id}
+            assert records.group("g1").master == old
+            cluster.kill(old.node_id)
+            moved = records.wait_for_new_master("g1", old, timeout_s=15, interval_s=0.01)
+            assert moved.node_id in successors and moved.epoch > old.epoch
         new = cluster.wait_for_master("g1", timeout_s=15, not_node=old.node_id)
         assert new.node_id != old.node_id and new.epoch > old.epoch
         assert cluster.master("g1").name == new.node_id
@@ -103,3 +109,14 @@ def _wait_for_sync_state_set(master_address: str, members: int, timeout_s: float
             return
         time.sleep(0.05)
     raise AssertionError(f"the sync-state set of {master_address} did not reach {members} members in {timeout_s} s")
+
+
+def _wait_for_successors(records, master_id: str, timeout_s: float = 30.0) -> tuple[str, ...]:
+    """The live sync-state set members besides ``master_id`` once ZooKeeper records one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        successors = records.group("g1").successors(master_id)
+        if successors:
+            return successors
+        time.sleep(0.05)
+    raise AssertionError(f"ZooKeeper recorded no live sync-state set member besides {master_id} in {timeout_s} s")
