@@ -2,7 +2,7 @@
 nemeses), ``ClusterLocator`` (where clients connect), and the end-of-run I/O the checkers need
 (caught-up replicas, the CommitLog bytes of each node, the final reads).
 
-It uses LocalCluster's public methods, ZooKeeper's records through ``controller.znodes``
+It uses LocalCluster's public methods, ZooKeeper's records through ``LocalCluster.records()``
 (as the drill does) and the client library; CommitLog bytes are read from each node's store
 directory (the segment files, named by their start offset), never through store code.
 """
@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import trio
 
-from controller import znodes
 from node.client import open_admin
-from node.cluster import LocalCluster
+from node.cluster import ClusterError, LocalCluster
 
 from .checkers import FinalMessage
 from .errors import NemesisError, RunError
@@ -93,21 +92,20 @@ class ClusterLocator:
         self.cluster = cluster
         self.group = group
         self.address_of = address_of or (lambda node_id: cluster.node(node_id).client_address)
-        self._zk = znodes.make_client(cluster.zk_hosts, session_timeout_ms=4000)
+        self._records = None
 
     async def open(self) -> None:
         try:
-            await trio.to_thread.run_sync(lambda: self._zk.start(timeout=ZK_TIMEOUT_S))
-        except Exception as error:  # kazoo's connect timeout
+            self._records = await trio.to_thread.run_sync(self.cluster.records, ZK_TIMEOUT_S)
+        except ClusterError as error:
             raise RunError(f"cannot connect to ZooKeeper at {self.cluster.zk_hosts}: {error}") from None
 
     async def aclose(self) -> None:
-        await trio.to_thread.run_sync(lambda: (self._zk.stop(), self._zk.close()))
+        await trio.to_thread.run_sync(self._records.close)
 
     async def master_id(self) -> str | None:
         try:
-            record = await trio.to_thread.run_sync(znodes.find_master_with_client, self._zk, self.cluster.topology.cluster,
-                                                   self.group, ZK_TIMEOUT_S, abandon_on_cancel=True)
+            record = await trio.to_thread.run_sync(self._records.live_master, self.group, abandon_on_cancel=True)
         except Exception:   # ControllerError (no master now), or ZooKeeper unreachable: ask again later
             return None
         return record.node_id
