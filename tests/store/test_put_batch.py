@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from store import Message, PlainBatch, PutStatus, put_batch
 from store.errors import DiskFullError
 from store.mapped_file import MappedFile
+from reference_put import expected_log
 from store_helpers import pull_all, scan_commit_log
 
 FIXED_TIME_MS = 1_700_000_000_000
@@ -41,6 +42,19 @@ def _log_bytes(store) -> bytes:
                     for segment in log.segments.files)
 
 
+def _append_as_the_reference_does(store, messages, batch=None) -> list:
+    """``store.append(batch or messages)``, held against the per-message reference
+    (tests/store/reference_put.py): the same records, physical and queue offsets."""
+    start, queue_offsets = store.commit_log.max_offset, dict(store.commit_log.queue_offsets)
+    results = store.append(messages if batch is None else batch)
+    expected, placed = expected_log(messages, results, start_offset=start, queue_offsets=queue_offsets,
+                                    segment_bytes=store.config.commitlog_segment_bytes,
+                                    store_host=store.config.store_host)
+    assert _log_bytes(store)[start:] == expected
+    assert [(r.physical_offset, r.queue_offset) for r in results if r.status is PutStatus.PUT_OK] == placed
+    return results
+
+
 def _columns(store, messages):
     """The columns of ``messages`` if the store would take them as a regular batch (any size)."""
     preparer = store.preparer
@@ -59,7 +73,7 @@ def _put_both(open_store, messages, **settings_):
     each_store = open_store(**settings_)
     for store in (columns_store, each_store):
         _warm(store, messages)
-    column_results = columns_store.append(messages)
+    column_results = _append_as_the_reference_does(columns_store, messages)
     each_results = each_store._append_each(messages)
     return columns_store, each_store, column_results, each_results
 
@@ -158,7 +172,7 @@ def test_irregular_batches_go_message_by_message(open_store, name):
         _warm(store, messages)
     IRREGULAR[name](messages)
     assert _columns(columns_store, messages) is None
-    results = columns_store.append(messages)
+    results = _append_as_the_reference_does(columns_store, messages)
     assert results == each_store._append_each(messages)
     assert _log_bytes(columns_store) == _log_bytes(each_store)
     assert [r.status for r in results[:2] + results[3:]] == [PutStatus.PUT_OK] * 5
@@ -221,7 +235,7 @@ def _compare_paths(open_store, messages) -> bool:
     for store in (columns_store, each_store):
         _warm(store, [m for m in messages if m.topic != "new-one"])
     regular = _columns(columns_store, messages) is not None
-    assert columns_store.append(messages) == each_store._append_each(messages)
+    assert _append_as_the_reference_does(columns_store, messages) == each_store._append_each(messages)
     assert _log_bytes(columns_store) == _log_bytes(each_store)
     columns_store.shutdown()
     each_store.shutdown()
@@ -287,7 +301,7 @@ def test_a_plain_batch_writes_what_its_messages_write(open_store, warm, count):
     columns = plain_store.preparer.regular_columns(_plain_batch(messages))
     # a topic not seen yet, or a small batch, is left to the per-message encoding
     assert (columns is not None) == (warm and count >= put_batch.COLUMNS_MESSAGES_MIN)
-    plain_results = plain_store.append(_plain_batch(messages))
+    plain_results = _append_as_the_reference_does(plain_store, messages, _plain_batch(messages))
     each_results = each_store._append_each(messages)
     assert [r.status for r in plain_results] == [PutStatus.PUT_OK] * count
     assert plain_results == each_results
