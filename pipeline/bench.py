@@ -1,0 +1,142 @@
+"""``hastore bench pipeline``: the commitlog source against Spark's own Parquet scan, same run.
+
+It builds a store of N messages of 1 KiB with the storage engine (4 topics, 8 queues), then,
+in one local Spark session:
+
+- counts rows grouped by topic through ``commitlog`` without bodies (``includeBody=false``),
+  with CRC checks (the default) and without (``verifyCrc=false``), and with a projected
+  schema (``topic`` only);
+- counts and sums body bytes grouped by topic through ``commitlog`` with bodies (MB/s);
+- exports the store once with ``hastore pipeline export`` (Parquet, by topic and date) and
+  runs the same two queries over that Parquet;
+
+and prints rows/s, MB/s and the ratios commitlog / Parquet. Each figure is the best of
+``--runs`` runs (the machine is shared; the best is the least disturbed). The issue's target:
+the commitlog scan without bodies reaches 0.5x the Parquet scan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import click
+
+BODY_BYTES = 1024
+TOPICS = ("bench-a", "bench-b", "bench-c", "bench-d")
+QUEUES = 8
+PUT_BATCH = 500
+
+
+def build_store(path: str, count: int) -> dict:
+    """A store of ``count`` 1 KiB messages written by the engine; its size and write time."""
+    from store import Message, MessageStore, StoreConfig
+    config = StoreConfig(store_path=path, commitlog_segment_bytes=256 * 1024 * 1024, preallocate_next_segment=False,
+                         flush="async")
+    store = MessageStore(config)
+    store.start()
+    started = time.perf_counter()
+    try:
+        body = os.urandom(BODY_BYTES)
+        for first in range(0, count, PUT_BATCH):
+            batch = [Message(TOPICS[index % len(TOPICS)], body, queue_id=index % QUEUES, keys=[f"k{index}"])
+                     for index in range(first, min(count, first + PUT_BATCH))]
+            results = store.put_batch(batch)
+            assert all(result.status.ok for result in results), results[0]
+    finally:
+        store.shutdown()
+    return {"messages": count, "write_s": round(time.perf_counter() - started, 2)}
+
+
+def _best_seconds(action, runs: int) -> tuple[float, object]:
+    best, value = float("inf"), None
+    for _ in range(runs):
+        started = time.perf_counter()
+        value = action()
+        best = min(best, time.perf_counter() - started)
+    return best, value
+
+
+def measure(spark, store_path: str, export_path: str, count: int, runs: int) -> dict:
+    """Every figure of the bench over one store and its Parquet export."""
+    from pyspark.sql import functions as F
+
+    from .jobs import export
+    from .stores import resolve_stores
+
+    def commitlog(**options):
+        reader = spark.read.format("commitlog")
+        for key, value in options.items():
+            reader = reader.option(key, value) if key != "schema" else reader.schema(value)
+        return reader.load(store_path)
+
+    def group_count(df):
+        rows = df.groupBy("topic").count().collect()
+        assert sum(row["count"] for row in rows) == count, rows
+        return rows
+
+    def group_bytes(df):
+        rows = df.groupBy("topic").agg(F.count("*").alias("n"), F.sum(F.length("body")).alias("b")).collect()
+        assert sum(row["n"] for row in rows) == count and sum(row["b"] for row in rows) == count * BODY_BYTES, rows
+        return rows
+
+    data_bytes = commitlog(includeBody="false").agg(F.sum("size")).collect()[0][0]    # the records' bytes
+    figures = {"record_bytes": data_bytes}
+    cases = {
+        "commitlog_no_body": lambda: group_count(commitlog(includeBody="false")),
+        "commitlog_no_body_no_crc": lambda: group_count(commitlog(includeBody="false", verifyCrc="false")),
+        "commitlog_topic_only": lambda: group_count(commitlog(schema="topic STRING")),
+        "commitlog_with_body": lambda: group_bytes(commitlog()),
+    }
+    for name, action in cases.items():
+        seconds, _ = _best_seconds(action, runs)
+        figures[name] = {"seconds": round(seconds, 3), "rows_per_s": round(count / seconds)}
+    figures["commitlog_with_body"]["mb_per_s"] = round(data_bytes / 1e6 / figures["commitlog_with_body"]["seconds"], 1)
+    started = time.perf_counter()
+    export(spark, resolve_stores([store_path]), export_path, overwrite=True)
+    figures["export_s"] = round(time.perf_counter() - started, 2)
+    parquet = {"parquet_no_body": lambda: group_count(spark.read.parquet(export_path).drop("body")),
+               "parquet_with_body": lambda: group_bytes(spark.read.parquet(export_path))}
+    for name, action in parquet.items():
+        seconds, _ = _best_seconds(action, runs)
+        figures[name] = {"seconds": round(seconds, 3), "rows_per_s": round(count / seconds)}
+    figures["parquet_with_body"]["mb_per_s"] = round(data_bytes / 1e6 / figures["parquet_with_body"]["seconds"], 1)
+    ratio = {f"{name}_vs_parquet_no_body": round(figures[name]["rows_per_s"] / figures["parquet_no_body"]["rows_per_s"], 3)
+             for name in ("commitlog_no_body", "commitlog_no_body_no_crc", "commitlog_topic_only")}
+    ratio["commitlog_with_body_vs_parquet_with_body"] = round(
+        figures["commitlog_with_body"]["rows_per_s"] / figures["parquet_with_body"]["rows_per_s"], 3)
+    figures["ratios"] = ratio
+    figures["target_no_body_0.5x_met"] = ratio["commitlog_no_body_vs_parquet_no_body"] >= 0.5
+    return figures
+
+
+@click.command("pipeline")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--messages", "count", default=1_000_000, show_default=True, type=click.IntRange(1000, 20_000_000),
+              help="Messages of 1 KiB in the store.")
+@click.option("--runs", default=2, show_default=True, type=click.IntRange(1, 10), help="Runs per figure (best kept).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--dir", "directory", default=None, help="Where to build the store (default: a temporary directory).")
+def bench_pipeline_command(as_json: bool, count: int, runs: int, master: str, directory: str | None) -> None:
+    """The commitlog data source against Spark's Parquet scan of the same rows (rows/s, MB/s, ratios)."""
+    from .session import start_session
+    root = directory or tempfile.mkdtemp(prefix="hastore-bench-pipeline-")
+    try:
+        built = build_store(os.path.join(root, "store"), count)
+        spark = start_session(master, "hastore-bench-pipeline")
+        try:
+            result = {"store": built, "master": master, "cores": os.cpu_count(), "runs": runs,
+                      **measure(spark, os.path.join(root, "store"), os.path.join(root, "export"), count, runs)}
+        finally:
+            spark.stop()
+    finally:
+        if directory is None:
+            shutil.rmtree(root, ignore_errors=True)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for key, value in result.items():
+        click.echo(f"{key}: {value}")
