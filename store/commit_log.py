@@ -439,8 +439,8 @@ class CommitLog:
     def set_end(self, offset: int) -> None:
         """After recovery or replication truncation: cut the log at ``offset`` (a record boundary)."""
         with self._write_lock:
+            self.max_offset = offset  # first: a reader then finds a cut record missing, never zeros inside the log
             self.segments.truncate(offset)
-            self.max_offset = offset
             self.flushed_offset = min(self.flushed_offset, offset)
             self._populate_at = 0
             self.written_runs.clear()

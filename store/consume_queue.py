@@ -222,12 +222,20 @@ class ConsumeQueue:
 
     # --- cutting -------------------------------------------------------------------------
     def truncate_physical(self, physical_offset: int) -> None:
-        """Drop entries that point at or past ``physical_offset`` (the log was cut there)."""
+        """Drop entries that point at or past ``physical_offset`` (the log was cut there).
+
+        Filler and holes name no offset: each goes with the first entry after it, kept when
+        that entry is kept and dropped with it (trailing ones, with nothing after them, are
+        dropped). Entries of a range no file holds (a queue a rebuild emptied) count as
+        holes. Never raises for what the entries hold."""
         lo, hi = self.min_offset, self.max_offset
-        while lo < hi:  # first entry whose commit log offset >= physical_offset
+        # the first queue offset whose next real entry points at or past the cut, or has none
+        # (the predicate only turns true going up: commit log offsets grow with queue offsets)
+        while lo < hi:
             mid = (lo + hi) // 2
-            if self.physical_offset_at(mid) < physical_offset:
-                lo = mid + 1
+            found = self._next_real_entry(mid, hi)
+            if found is not None and found[1] < physical_offset:
+                lo = found[0] + 1
             else:
                 hi = mid
         if lo == self.max_offset:
@@ -237,6 +245,28 @@ class ConsumeQueue:
         if lo <= self.min_offset:
             self.min_offset = self.max_offset = lo
         self.dirty = {m for m in self.dirty if m in self.files.files}
+
+    def _next_real_entry(self, queue_offset: int, end: int) -> tuple[int, int] | None:
+        """(queue offset, commit log offset) of the first entry in [queue_offset, end) that
+        names a record; None when there is none (only filler, holes or no file)."""
+        while queue_offset < end:
+            mapped = self.files.find(queue_offset * ENTRY_BYTES)
+            if mapped is None:  # below the first file or in a gap: on to the next file, if any
+                later = [m.start_offset for m in self.files.files if m.start_offset > queue_offset * ENTRY_BYTES]
+                if not later:
+                    return None
+                queue_offset = later[0] // ENTRY_BYTES
+                continue
+            position = queue_offset * ENTRY_BYTES - mapped.start_offset
+            stop = min(mapped.size, (end * ENTRY_BYTES) - mapped.start_offset)
+            mm = mapped.mm
+            while position < stop:
+                physical, size = struct.unpack_from(">qi", mm, position)
+                if is_entry(physical, size):
+                    return (mapped.start_offset + position) // ENTRY_BYTES, physical
+                position += ENTRY_BYTES
+            queue_offset = (mapped.start_offset + position) // ENTRY_BYTES
+        return None
 
     def delete_below_physical(self, physical_offset: int) -> int:
         """Drop whole files whose every entry points below ``physical_offset``; keep the last."""

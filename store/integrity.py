@@ -228,9 +228,13 @@ class Integrity:
             try:
                 message = self.commit_log.read_message(entry.physical_offset, check_crc=check_crc)
             except MessageNotFound:
+                if entry.physical_offset >= self.commit_log.max_offset:
+                    break  # a cut of the log is under way: the queue's entry goes next
                 result.next_offset = entry.queue_offset + 1  # deleted by retention meanwhile
                 continue
             except StoreCorruptError as error:
+                if entry.physical_offset >= self.commit_log.max_offset:
+                    break  # the cut zeroed the record after this read began: not damage
                 if not self.commit_log.record_starts_at(entry.physical_offset):
                     result.damaged = f"entry {entry.queue_offset} points at {entry.physical_offset}, no record starts there"
                     return result

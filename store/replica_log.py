@@ -305,11 +305,14 @@ class ReplicaLog:
         self._pause_background()
         try:
             self._cut_marker.write(CutIntent(CUT, offset))
-            self._dispatcher.dispatched_offset = min(self._dispatcher.dispatched_offset, offset)
-            commit_log.set_end(offset)
-            for queue in self._queues.all():
-                queue.truncate_physical(offset)
-            self._index.rollback(offset, repair=False)
+            # the dispatcher's lock: a queue rebuild (a read that found an entry past the
+            # shrinking log) waits until the queues are cut instead of replacing one under it
+            with self._dispatcher.lock:
+                self._dispatcher.dispatched_offset = min(self._dispatcher.dispatched_offset, offset)
+                commit_log.set_end(offset)
+                for queue in self._queues.all():
+                    queue.truncate_physical(offset)
+                self._index.rollback(offset, repair=False)
             self._confirm_offset = min(self._confirm_offset, offset)
             self.writes_need_catch_up = True
             self._flusher.flush_now()
