@@ -25,6 +25,8 @@
     secret: null                     # when set, clients and slaves pass an HMAC challenge
     busy_poll_us: 200                # poll a connection this long after a request before the
                                      # loop sleeps (lower latency for CPU); 0: off
+    lag_history_path: null           # a master appends a lag sample per slave per second here as
+                                     # JSON lines (rotated to PATH.1 past 64 MiB); null: memory only
     store: {commitlog_segment_bytes: ..., ...}   # any StoreConfig field but store_path, flush, store_host
                                                  # (and dispatcher_thread: a node dispatches in its loop)
 
@@ -100,6 +102,9 @@ class NodeConfig:
     # A slave dials peer_ha_addresses[H] instead of its master's HA address H, when listed (a
     # proxied cluster routes each slave -> master HA link through a proxy of its own).
     peer_ha_addresses: dict = field(default_factory=dict)
+    # Lag history (node/server/lag_sampler.py): besides the bounded history in memory, served by
+    # LAG_HISTORY, a master appends its samples to this file as JSON lines, which outlive the node.
+    lag_history_path: str | None = None
     store: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -131,6 +136,8 @@ class NodeConfig:
             problems.append(f"flush: must be 'sync' or 'async', not {self.flush!r}")
         if self.secret is not None and not self.secret:
             problems.append("secret: must be non-empty when set")
+        if self.lag_history_path is not None and not self.lag_history_path.strip():
+            problems.append("lag_history_path: must be a file path when set")
         bounds = {"connections_max": (1, 100_000), "in_flight_requests_max": (1, 65_536),
                   "long_polling_timeout_ms_max": (0, 3_600_000), "auth_timeout_ms": (1, 600_000),
                   "busy_poll_us": (0, 10_000),

@@ -94,11 +94,13 @@ class RequestHandlers:
 
     def __init__(self, config: NodeConfig, store: MessageStore, role: RoleMachine, sys_config: SysConfig,
                  metrics: NodeMetrics, status_extra: Callable[[], dict] | None = None, *,
-                 waiters: PullWaiters | None = None, replicas: HaRuntime | None = None) -> None:
+                 waiters: PullWaiters | None = None, replicas: HaRuntime | None = None,
+                 lag_history: Callable[[Fields], dict] | None = None) -> None:
         """``status_extra``: more sections of a status reply (the node's transport, replication,
         controller). ``waiters``: the long polls' table, shared with whoever wakes them (a new
         one by default). ``replicas``: the node's replication runtime (node/server/ha_roles.py);
-        None: no replication (bare handlers)."""
+        None: no replication (bare handlers). ``lag_history``: answers LAG_HISTORY (the node's
+        lag sampler, node/server/lag_sampler.py); None: that code is not supported."""
         self.config = config
         self.store = store
         self.role = role
@@ -127,6 +129,8 @@ class RequestHandlers:
             RequestCode.TOPIC_LIST: self.topic_list,
             RequestCode.STATUS: self.status,
         }.items()}
+        if lag_history is not None:
+            self._table[int(RequestCode.LAG_HISTORY)] = (RequestCode.LAG_HISTORY, lag_history)
 
     def statistics(self) -> HandlerStatistics:
         return HandlerStatistics(self._requests, self._errors, self.waiters.waiting)

@@ -19,6 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.utils import floatToGoString
 
+from replication.lag_history import LagStatus
+
 from ..wire.address import split_address
 
 log = logging.getLogger(__name__)
@@ -178,12 +180,35 @@ class _ReplicationCollector:
                 for slave in status["slaves"]:
                     family.add_metric([node, slave["node_id"]], float(slave[key]))
                 yield family
+            yield from self._lag_families(node, status["slaves"])
         if "master_max_offset" in status:
             for key, name, help_text in (("lag_bytes", "hastore_replication_lag_bytes", "Bytes this slave is behind"),
                                          ("connected", "hastore_replication_connected", "1 while following")):
                 family = GaugeMetricFamily(name, help_text, labels=["node"])
                 family.add_metric([node], float(status[key]))
                 yield family
+
+
+    @staticmethod
+    def _lag_families(node: str, slaves: list[dict]):
+        """Lag in seconds and the lag status per slave (replication/lag_history.py): one series
+        per status value, 1 for the slave's current one, so an alert reads ``== 1``."""
+        seconds = GaugeMetricFamily("hastore_replication_slave_lag_seconds",
+                                    "Age of the oldest message the slave has not acknowledged, in seconds",
+                                    labels=["node", "slave"])
+        for slave in slaves:
+            seconds.add_metric([node, slave["node_id"]], slave["lag_ms"] / 1000)
+        yield seconds
+        judged = GaugeMetricFamily("hastore_replication_slave_status",
+                                   "1 for the slave's lag status (OK, CATCHING_UP, FALLING_BEHIND, STALLED, OFFLINE), "
+                                   "judged from the trend of its lag with no threshold", labels=["node", "slave", "status"])
+        for slave in slaves:
+            current = slave.get("lag_status")
+            if current is None:
+                continue   # a status section read without the lag sampler (bare handlers)
+            for value in LagStatus:
+                judged.add_metric([node, slave["node_id"], value.value], 1.0 if value.value == current else 0.0)
+        yield judged
 
 
 async def serve_metrics(listeners: list, metrics: NodeMetrics, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

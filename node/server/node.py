@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,6 +33,7 @@ import trio
 
 from controller import NodeAgent
 from replication import EpochFile
+from replication.lag_history import LagHistory
 from store import MessageStore
 
 from .busy_poll import BusyPoll
@@ -40,6 +42,7 @@ from .controller_mode import ControllerMode, Registration, agent_settings
 from .dispatch_loop import LoopCaller, idle_pass, serve_dispatch
 from .ha_roles import HaRuntime
 from .handlers import PullWaiters, RequestHandlers
+from .lag_sampler import LagJournal, LagSampler, serve_lag_sampler
 from .metrics import NodeMetrics, open_listeners, serve_metrics
 from .role import Role, RoleMachine
 from .connections import ClientServer, ConnectionCounts, serve_clients
@@ -129,15 +132,19 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
                            on_sync_state_set_change=controller.persist_sync_state_set if controller is not None
                            else None,
                            on_confirm_advanced=waiters.notify_all)
+            # lag samples per slave while master; status reply and metrics read lag status through it
+            lag = LagSampler(config.node_id, config.group, ha.status, LagHistory(time.time), journal=LagJournal(
+                config.lag_history_path, config.group) if config.lag_history_path else None)
             metrics = NodeMetrics(config.node_id)
             metrics.watch_store(store)
-            metrics.watch_replication(ha.status)
+            metrics.watch_replication(lag.replication_status)
             counts = ConnectionCounts()
             busy_poll = BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher))
             status = StatusSources(client_address, ha_address, metrics_address, config.busy_poll_us, counts,
-                                   busy_poll, replication=ha.status,
+                                   busy_poll, replication=lag.replication_status,
                                    controller=controller.status if controller is not None else None)
-            handlers = RequestHandlers(config, store, role, sys_config, metrics, status, waiters=waiters, replicas=ha)
+            handlers = RequestHandlers(config, store, role, sys_config, metrics, status, waiters=waiters, replicas=ha,
+                                       lag_history=lag.lag_history_reply)
             server = ClientServer(config, handlers, metrics, busy_poll, counts)
 
             def on_dispatch(dispatched_offset: int, grown_queues: set) -> None:
@@ -160,6 +167,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
                 await nursery.start(controller.serve, ha)
             await nursery.start(serve_clients, server, client_listeners)
             await nursery.start(serve_metrics, metrics_listeners, metrics)
+            await nursery.start(serve_lag_sampler, lag)
             nursery.start_soon(_persist_config_periodically, sys_config, config.config_persist_interval_ms)
             task_status.started(node)
     finally:

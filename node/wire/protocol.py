@@ -58,6 +58,7 @@ class RequestCode(enum.IntEnum):
     TOPIC_CREATE = 18
     TOPIC_LIST = 19
     STATUS = 20
+    LAG_HISTORY = 21     # replication lag samples per slave since a time (node/server/lag_sampler.py)
 
 
 class ResponseCode(enum.IntEnum):
