@@ -24,7 +24,14 @@ node makes at the moment it acks a write: it is true only while
     - the ZooKeeper session is CONNECTED (the permit is revoked inside kazoo's state
       listener, the instant the session is SUSPENDED or LOST), and
     - the master znode, read since the last reconnection, names this node, this session and
-      ``epoch`` (a newer epoch in the master znode revokes it as soon as it is read).
+      ``epoch`` (a newer epoch in the master znode revokes it as soon as it is read), and
+    - that read began less than a lease ago: two thirds of the session timeout. A process
+      stopped for longer (SIGSTOP, a stall) may have lost its session without kazoo knowing
+      yet, and a new master may be acking; after such a pause the permit is gone until a
+      fresh read of the master znode confirms the epoch again. The ZooKeeper server expires
+      a session no sooner than a session timeout after the last request it received, so a
+      lease measured from a read's start ends before any successor can be elected. A
+      master renews it by reading the master znode every third of a lease.
 
 ``on_fence(reason)`` follows on the worker thread to let the node drop its master state
 (only a node that was told it is master is fenced: slaves ack nothing). A master that the
@@ -41,8 +48,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from kazoo.client import KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
@@ -54,6 +62,8 @@ from .layout import MasterRecord, NodeRecord, SyncStateSet
 log = logging.getLogger(__name__)
 
 _RETRY_BACKOFF_S = 0.1
+# the permit's lease, as a fraction of the session timeout (the rest is margin for clock rates)
+LEASE_FRACTION = 2 / 3
 
 
 class AgentNode(Protocol):
@@ -83,6 +93,7 @@ class AgentSettings:
 class _Permit:
     epoch: int
     master_version: int
+    lease_until_s: float     # on the agent's clock: the confirming read's start plus a lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +113,14 @@ class AgentStatistics:
 class NodeAgent:
     """Registers one node, follows its group's master znode and fences its writes."""
 
-    def __init__(self, settings: AgentSettings, node: AgentNode) -> None:
+    def __init__(self, settings: AgentSettings, node: AgentNode, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: seconds on a clock that keeps running while the process is stopped
+        (CLOCK_MONOTONIC does), for the permit's lease."""
         self.settings = settings
         self._node = node
+        self._clock = clock
+        self._lease_s = settings.session_timeout_ms / 1000 * LEASE_FRACTION
         self.client = znodes.make_client(settings.zk_hosts, settings.session_timeout_ms)
         self._paths = (layout.node_path(settings.cluster, settings.group, settings.node_id),
                        layout.master_path(settings.cluster, settings.group))
@@ -162,12 +178,12 @@ class NodeAgent:
     def may_ack(self, epoch: int) -> bool:
         """True while this node may ack writes as master of ``epoch`` (any thread, never blocks)."""
         permit = self._permit
-        return permit is not None and permit.epoch == epoch
+        return permit is not None and permit.epoch == epoch and self._clock() < permit.lease_until_s
 
     def write_permit(self) -> int | None:
-        """The epoch this node may ack writes in, or None."""
+        """The epoch this node may ack writes in, or None (no permit, or its lease ran out)."""
         permit = self._permit
-        return permit.epoch if permit is not None else None
+        return permit.epoch if permit is not None and self._clock() < permit.lease_until_s else None
 
     def check_write_permit(self, epoch: int) -> None:
         """Raise FencedError unless ``may_ack(epoch)``."""
@@ -181,7 +197,7 @@ class NodeAgent:
         if self.settings.node_id not in members:
             raise ValueError(f"the sync-state set must contain the master {self.settings.node_id}: {sorted(members)}")
         permit = self._permit
-        if permit is None:
+        if permit is None or self._clock() >= permit.lease_until_s:
             raise FencedError(f"node {self.settings.node_id} cannot update the sync-state set: "
                               f"{self._fence_reason()}")
         try:
@@ -249,11 +265,13 @@ class NodeAgent:
         # Runs until stop(); each pass handles what is pending, then waits at most one interval.
         interval_s = self.settings.refresh_interval_ms / 1000
         while not self._stopping.is_set():
+            # a master renews its lease: it reads the master znode every third of a lease
+            renewing = self._told[0] == "master"
             with self._cond:
                 if self._pending_fence is None and not self._need_master_read and not self._need_register:
-                    self._cond.wait(interval_s)
+                    self._cond.wait(min(interval_s, self._lease_s / 3) if renewing else interval_s)
                 fence, self._pending_fence = self._pending_fence, None
-                register, master_read = self._need_register, self._need_master_read
+                register, master_read = self._need_register, self._need_master_read or renewing
                 self._need_register = self._need_master_read = False
             if self._stopping.is_set():
                 return
@@ -320,6 +338,7 @@ class NodeAgent:
     def _follow_master(self) -> None:
         with self._permit_lock:
             generation = self._generation
+        started_s = self._clock()  # the lease runs from before the read: the session lived then
         data, stat = znodes.get_or_none(self.client, self._paths[1], self.settings.zk_timeout_s)
         record = layout.decode(MasterRecord, data, self._paths[1]) if data is not None else None
         session = self.session_id
@@ -329,7 +348,7 @@ class NodeAgent:
             with self._permit_lock:
                 if generation != self._generation or self._zk_state != KazooState.CONNECTED:
                     return        # the connection moved while we read: the state listener asked for a re-read
-                self._permit = _Permit(record.epoch, stat.version)
+                self._permit = _Permit(record.epoch, stat.version, started_s + self._lease_s)
             if self._told != ("master", record.epoch):
                 self._told = ("master", record.epoch)
                 log.warning("node %s: master in epoch %d", me, record.epoch)
@@ -370,4 +389,8 @@ class NodeAgent:
         told = self._told
         if told[0] == "slave":
             return f"{told[2]} is master in epoch {told[1]}"
+        permit = self._permit
+        if permit is not None and self._clock() >= permit.lease_until_s:
+            return (f"the write permit's lease ({self._lease_s:.1f} s) ran out without ZooKeeper confirming this "
+                    f"master (the process was paused or stalled); waiting for a fresh read of the master znode")
         return self._waiting_reason or "the master znode does not name this node in that epoch"

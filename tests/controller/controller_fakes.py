@@ -55,7 +55,7 @@ class FakeNode:
     It embeds its agent as a node does (``agent``, not started)."""
 
     def __init__(self, settings: AgentSettings, history: AckHistory, *, max_offset: int = 0, epoch: int = 0,
-                 priority: int = 0) -> None:
+                 priority: int = 0, clock=time.monotonic) -> None:
         self.node_id = settings.node_id
         self.history = history
         self.max_offset = max_offset
@@ -65,7 +65,7 @@ class FakeNode:
         self.master_id: str | None = None
         self.events: list[tuple] = []
         self._cond = threading.Condition()
-        self.agent = NodeAgent(settings, self)
+        self.agent = NodeAgent(settings, self, clock=clock)
 
     # -- AgentNode ----------------------------------------------------------------------------
     def node_info(self) -> dict:
@@ -172,11 +172,11 @@ class Harness:
         return instance
 
     def node(self, node_id: str, group: str = "g1", *, max_offset: int = 0, epoch: int = 0, priority: int = 0,
-             session_timeout_ms: int | None = None, refresh_interval_ms: int = 200) -> FakeNode:
+             session_timeout_ms: int | None = None, refresh_interval_ms: int = 200, clock=time.monotonic) -> FakeNode:
         settings = AgentSettings(self.hosts, self.cluster, group, node_id,
                                  session_timeout_ms=session_timeout_ms or self.session_timeout_ms,
                                  refresh_interval_ms=refresh_interval_ms, zk_timeout_s=3.0)
-        node = FakeNode(settings, self.history, max_offset=max_offset, epoch=epoch, priority=priority)
+        node = FakeNode(settings, self.history, max_offset=max_offset, epoch=epoch, priority=priority, clock=clock)
         node.agent.start()
         self._running.append(node.agent)
         return node
