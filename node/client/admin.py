@@ -26,6 +26,12 @@ class Admin:
         reply = await self.connection.request(RequestCode.STATUS)
         return {k: v for k, v in reply.items() if k not in ("code", "opaque", "flags")}
 
+    async def lag_history(self, since_ms: int = 0, slave: str | None = None) -> dict:
+        """The replication lag samples this node took while master, since ``since_ms`` (ms since
+        the epoch; 0: all it keeps), and its slaves' lag statuses (LAG_HISTORY)."""
+        reply = await self.connection.request(RequestCode.LAG_HISTORY, since_ms=since_ms, slave=slave)
+        return {k: v for k, v in reply.items() if k not in ("code", "opaque", "flags")}
+
     async def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
         reply = await self.connection.request(RequestCode.QUEUE_OFFSETS, topic=topic, queue_id=queue_id)
         return reply["min_offset"], reply["max_offset"]
