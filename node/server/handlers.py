@@ -245,6 +245,15 @@ class RequestHandlers:
         batch, at once and together; the first failure that applies becomes every written
         message's status. A node that lost its role or was fenced meanwhile acks nothing."""
         end = max((r.end_offset for r in results if r.status is PutStatus.PUT_OK), default=0)
+        return self._when_durable(end, replicas, epoch,
+                                  lambda failure: self._send_reply(queue_ids, results, started, failure, columns))
+
+    def _when_durable(self, end: int, replicas, epoch: int,
+                      reply: Callable[[tuple[PutStatus, str] | None], dict]) -> Deferred:
+        """``reply(failure)`` once the log up to ``end`` is as durable as an ack promises: on
+        disk (sync flush) and on enough replicas (sync replication), waited for at once, and
+        the node still master in ``epoch``; ``failure`` is the first of those that failed, or
+        None. Puts and config changes (%SYS%CONFIG records) are acknowledged through it."""
 
         async def wait() -> dict:
             failures: dict[str, tuple[PutStatus, str]] = {}
@@ -265,7 +274,7 @@ class RequestHandlers:
                 failures["role"] = (PutStatus.SERVICE_NOT_AVAILABLE, "the node stopped being master in this epoch "
                                     "(or was fenced) before the put was acknowledged; it may or may not survive")
             failure = failures.get("role") or failures.get("replicas") or failures.get("disk")
-            return self._send_reply(queue_ids, results, started, failure, columns)
+            return reply(failure)
         return wait
 
     def _send_reply(self, queue_ids: list[int], results, started: float, failure: tuple[PutStatus, str] | None,
@@ -455,8 +464,8 @@ class RequestHandlers:
             offsets[queue_id] = offset
         if not group:
             raise protocol.bad_request("field group must not be empty")
-        _, end = self.sys_config.record({"type": "offsets", "group": group, "topic": topic, "offsets": offsets})
-        return self._after_logged(end, {"committed": len(offsets)})
+        return self._log_config_change({"type": "offsets", "group": group, "topic": topic, "offsets": offsets},
+                                       {"committed": len(offsets)})
 
     def query_offsets(self, f: Fields) -> dict:
         group = f.str("group", GROUP_BYTES_MAX)
@@ -468,18 +477,33 @@ class RequestHandlers:
         self.role.check_writable()
         topic = f.topic()
         queue_count = f.int("queue_count", 1, QUEUE_COUNT_MAX, self.config.default_queue_count)
-        _, end = self.sys_config.record(_topic_change(topic, queue_count))
-        return self._after_logged(end, {"topic": topic, "queue_count": queue_count})
+        return self._log_config_change(_topic_change(topic, queue_count), {"topic": topic, "queue_count": queue_count})
 
-    def _after_logged(self, end_offset: int, fields: dict) -> dict | Deferred:
-        if not self._sync_flush:
+    def _log_config_change(self, change: dict, fields: dict) -> dict | Deferred:
+        """Log a config change as a %SYS%CONFIG record and answer ``fields`` when it is as
+        durable as a put would be: the same checks before it is written (the controller's
+        permit, enough in-sync replicas) and the same wait before the ack (``_when_durable``).
+        A change that was logged but not acknowledged answers SERVICE_NOT_AVAILABLE: it may or
+        may not survive a failover, like a put's FLUSH_SLAVE_TIMEOUT."""
+        replicas = self.replicas
+        if replicas is not None:
+            try:
+                replicas.check_for_put()
+            except ReplicaWaitError as error:
+                raise RequestError("SERVICE_NOT_AVAILABLE", f"config change refused, nothing logged: "
+                                                            f"{error.status}: {error}") from None
+        _, end = self.sys_config.record(change)
+        if replicas is not None:
+            replicas.notify_appended()
+        if not self._sync_flush and (replicas is None or not replicas.sync_replication):
             return fields
 
-        async def wait_for_disk() -> dict:
-            if not await trio.to_thread.run_sync(self.store.wait_flushed, end_offset):
-                raise RequestError("SERVICE_NOT_AVAILABLE", "the change is logged but not on disk in time")
+        def reply(failure: tuple[PutStatus, str] | None) -> dict:
+            if failure is not None:
+                raise RequestError("SERVICE_NOT_AVAILABLE", f"the config change is logged but not acknowledged "
+                                                            f"({failure[0].value}: {failure[1]})")
             return fields
-        return wait_for_disk
+        return self._when_durable(end, replicas, self.role.state.epoch, reply)
 
     def topic_list(self, f: Fields) -> dict:
         include_system = f.bool("include_system", False)
