@@ -6,13 +6,14 @@
     await service.wait_for_replicas(result.end_offset)    # a sync put; raises ReplicaWaitError
 
 Per slave connection: HELLO, the slave's authenticated HANDSHAKE, the WELCOME with the
-consistent point, then the slave's first ack (its log now ends there) and three tasks: a
-log reader cutting the log from that offset into frames of whole records (at most
-``chunk_bytes_max``, never across a segment or an epoch boundary; views of the mapping,
-checksummed in a worker thread when large), a sender writing them to the socket while the
-reader prepares the next one (heartbeats when idle), and an ack reader feeding the
-ReplicaTracker. A slave that stops acking for ``ack_timeout_ms`` is dropped; it
-reconnects when it can.
+consistent point, then the slave's first ack (its log now ends there) and two tasks: a
+sender cutting the log from that offset into frames of whole records (at most
+``chunk_bytes_max``, never across a segment or an epoch boundary; views of the mapping)
+and writing them to the socket (heartbeats when idle), and an ack reader feeding the
+ReplicaTracker. A put wakes each parked sender once, and a caught-up sender reads and
+writes the new frame in that same step; a sender far behind reads and checksums frames
+in a worker thread, the next one while the one before is sent. A slave that stops acking
+for ``ack_timeout_ms`` is dropped; it reconnects when it can.
 
 Sync puts park in a heap ordered by end offset and are released as acks move the
 replicated offset (see sync_state). One maintenance task keeps the sync-state set: laggards
@@ -43,7 +44,7 @@ from .errors import (FlushSlaveTimeout, HaAuthError, HaProtocolError, InSyncRepl
 from .protocol import Handshake, Hello, Welcome
 from .store_protocol import ReplicaStore
 from .sync_state import ReplicaProgress, ReplicaTracker, SyncSettings
-from .transport import StreamReader
+from .transport import StreamReader, send_now
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ MIB = 1024 * 1024
 INLINE_READ_BYTES_MAX = 256 * 1024    # smaller frames are read and checksummed inline, larger in a thread
 COALESCE_SEND_BYTES_MAX = 64 * 1024   # header and bytes in one write below this
 IDLE_POLL_MS = 10                      # fallback when a writer did not call notify_appended
-FRAMES_READ_AHEAD = 1                  # frames read and checksummed while the one before is sent
 ACK_READER_BUFFER_BYTES = 64 * 1024
 WAITERS_MAX = 100_000
 ACCEPT_RETRY_S = 0.1
@@ -334,59 +334,69 @@ class HAService:
         return handshake, resync
 
     async def _stream_log(self, stream, replica: ReplicaProgress, offset: int) -> None:
-        """Send the log from ``offset`` for as long as the connection lives."""
-        frames_in, frames = trio.open_memory_channel(FRAMES_READ_AHEAD)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_log, offset, frames_in)
-            await self._send_frames(stream, replica, frames)
-
-    async def _read_log(self, offset: int, frames: trio.MemorySendChannel) -> None:
-        """Cut the log from ``offset`` into frames, in order, as it grows."""
+        """Send the log from ``offset`` for as long as the connection lives: one task reads
+        and sends, so a put wakes it once per slave and a caught-up frame leaves in the same
+        step (``send_now``). Behind by more than ``INLINE_READ_BYTES_MAX``, frames are read
+        in a worker thread, the next one while the one before is sent. A heartbeat goes
+        out after ``heartbeat_interval_ms`` without a frame."""
         store = self.store
-        chunk_max = self.settings.chunk_bytes_max
-        while True:
-            end = store.max_offset
-            if offset < end:
-                limit = chunk_max
-                boundary = next_epoch_start(self.epochs, offset)
-                if boundary is not None:
-                    limit = min(limit, boundary - offset)
-                if end - offset > INLINE_READ_BYTES_MAX:
-                    header, data = await trio.to_thread.run_sync(self._read_frame, offset, limit)
-                else:
-                    header, data = self._read_frame(offset, limit)
-                await frames.send((offset, header, data))
-                offset += len(data)
-                continue
-            # no checkpoint between the look at the log's end above and parking here, so no
-            # put on this thread can slip in between unseen
-            wake = self._appended
-            self._senders_waiting += 1
-            try:
-                with trio.move_on_after(IDLE_POLL_MS / 1000):
-                    await wake.wait()
-            finally:
-                self._senders_waiting -= 1
-
-    async def _send_frames(self, stream, replica: ReplicaProgress, frames: trio.MemoryReceiveChannel) -> None:
-        """Write frames to the slave; a heartbeat after ``heartbeat_interval_ms`` without one."""
         heartbeat_s = self.settings.heartbeat_interval_ms / 1000
+        heartbeat_due = trio.current_time() + heartbeat_s
+        ahead = None  # the next frame, read while the one before was sent
+        parked = False  # since the last send: a send that yields nothing must not hog the loop
         while True:
-            frame = None
-            with trio.move_on_after(heartbeat_s):
-                frame = await frames.receive()
-            if frame is None:
-                await stream.send_all(protocol.heartbeat(self.store.max_offset))
+            if ahead is None and offset >= store.max_offset:
+                now = trio.current_time()
+                if now >= heartbeat_due:
+                    await send_now(stream, protocol.heartbeat(store.max_offset))
+                    heartbeat_due = now + heartbeat_s
+                    continue
+                # no checkpoint between the look at the log's end above and parking here, so
+                # no put on this thread can slip in between unseen
+                wake = self._appended
+                self._senders_waiting += 1
+                try:
+                    with trio.move_on_after(min(IDLE_POLL_MS / 1000, heartbeat_due - now)):
+                        await wake.wait()
+                finally:
+                    self._senders_waiting -= 1
+                parked = True
                 continue
-            offset, header, data = frame
-            # before the send: the slave can apply and ack these bytes before send_all
+            if ahead is not None:
+                header, data = ahead
+                ahead = None
+            elif store.max_offset - offset > INLINE_READ_BYTES_MAX:
+                header, data = await trio.to_thread.run_sync(self._read_frame, offset, self._frame_limit(offset))
+            else:
+                if not parked:
+                    await trio.lowlevel.checkpoint()  # still behind after a send: let the loop run
+                header, data = self._read_frame(offset, self._frame_limit(offset))
+            # before the send: the slave can apply and ack these bytes before the send
             # returns here, and an ack past sent_offset is a protocol error
             replica.sent_offset = offset + len(data)
-            if len(data) <= COALESCE_SEND_BYTES_MAX:
-                await stream.send_all(header + data)
+            offset += len(data)
+            if store.max_offset - offset > INLINE_READ_BYTES_MAX:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._send_frame, stream, header, data)
+                    ahead = await trio.to_thread.run_sync(self._read_frame, offset, self._frame_limit(offset))
             else:
-                await stream.send_all(header)
-                await stream.send_all(data)
+                await self._send_frame(stream, header, data)
+            parked = False
+            heartbeat_due = trio.current_time() + heartbeat_s
+
+    def _frame_limit(self, offset: int) -> int:
+        """A frame's size bound at ``offset``: the chunk size, and never past an epoch's end."""
+        boundary = next_epoch_start(self.epochs, offset)
+        limit = self.settings.chunk_bytes_max
+        return limit if boundary is None else min(limit, boundary - offset)
+
+    @staticmethod
+    async def _send_frame(stream, header: bytes, data: memoryview) -> None:
+        if len(data) <= COALESCE_SEND_BYTES_MAX:
+            await send_now(stream, header + data)
+        else:
+            await send_now(stream, header)
+            await stream.send_all(data)
 
     def _read_frame(self, offset: int, limit: int) -> tuple[bytes, memoryview]:
         """The data frame at ``offset``: its header (CRC included) and its bytes, a view of the
@@ -399,22 +409,21 @@ class HAService:
     async def _read_acks(self, reader: StreamReader, replica: ReplicaProgress, scope: trio.CancelScope) -> None:
         timeout_s = self.settings.ack_timeout_ms / 1000
         try:
-            while True:
-                with trio.move_on_after(timeout_s) as waited:
-                    raw = await reader.exactly(protocol.ACK.size)
-                if waited.cancelled_caught:
-                    raise HaProtocolError(f"slave {replica.node_id} sent no ack for {self.settings.ack_timeout_ms} ms")
-                offset = protocol.parse_ack(raw)
-                if not replica.ack_offset <= offset <= replica.sent_offset:
-                    raise HaProtocolError(f"slave {replica.node_id} acked {offset}: outside "
-                                          f"[{replica.ack_offset}, {replica.sent_offset}] (its last ack, what was sent)")
-                moved = offset != replica.ack_offset
-                self.tracker.acked(replica.node_id, offset, _now_ms())
-                if moved:
-                    self._release_waiters()
-                    self._advance_confirm()
-                    if replica.node_id not in self.tracker.sync_state_set:
-                        self._sync_state_wake.set()
+            with trio.CancelScope() as waited:  # one scope, its deadline moved per ack
+                while True:
+                    waited.deadline = trio.current_time() + timeout_s
+                    offset = protocol.parse_ack(await reader.exactly(protocol.ACK.size))
+                    if not replica.ack_offset <= offset <= replica.sent_offset:
+                        raise HaProtocolError(f"slave {replica.node_id} acked {offset}: outside [{replica.ack_offset}, "
+                                              f"{replica.sent_offset}] (its last ack, what was sent)")
+                    moved = offset != replica.ack_offset
+                    self.tracker.acked(replica.node_id, offset, _now_ms())
+                    if moved:
+                        self._release_waiters()
+                        self._advance_confirm()
+                        if replica.node_id not in self.tracker.sync_state_set:
+                            self._sync_state_wake.set()
+            raise HaProtocolError(f"slave {replica.node_id} sent no ack for {self.settings.ack_timeout_ms} ms")
         except (trio.BrokenResourceError, trio.ClosedResourceError, ReplicationError, OSError) as error:
             log.info("slave %s: %s", replica.node_id, error or type(error).__name__)
             scope.cancel()

@@ -7,9 +7,17 @@ frame while it receives the next). Over a real TCP socket both receive with
 ``recv_into``, a data frame straight into its target: one copy from the kernel and no
 allocation; over any other trio stream (in-memory streams in tests) they fall back to
 ``receive_some``.
+
+``send_now(stream, data)`` writes: what the socket takes at once goes without a scheduling
+point (``send_all`` yields to trio's loop after every send, a whole pass of it for an
+8-byte ack or a 1 KiB frame), the rest through ``send_all``. Its caller must be the only
+task writing to the stream, which is what trio's conflict detector would check.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 import trio
 
@@ -22,7 +30,31 @@ RECEIVE_SLACK_BYTES = 1024 * 1024
 # ``exactly_into`` straight into its own buffer rather than copied through this one
 READ_AHEAD_BYTES = 64 * 1024
 # what ``exactly`` serves: a control frame at most (data frames go through ``exactly_into``)
+# reads without a scheduling point in a row, at most (see StreamReader._receive_into)
+YIELD_EVERY_READS = 16
 BUFFER_BYTES_DEFAULT = protocol.CONTROL_LENGTH.size + protocol.CONTROL_BYTES_MAX + RECEIVE_SLACK_BYTES
+
+
+async def send_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> None:
+    """``stream.send_all(data)``, writing straight to a socket stream's socket first: no
+    scheduling point when the socket takes it all. BrokenResourceError if the peer is
+    gone, ClosedResourceError if the stream was closed."""
+    if type(stream) is trio.SocketStream:
+        fd = stream.socket.fileno()  # -1 once closed, never a reused number
+        if fd < 0:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            sent = os.write(fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as error:
+            if error.errno == errno.EBADF:
+                raise trio.ClosedResourceError("the socket was closed") from error
+            raise trio.BrokenResourceError(f"send failed: {error}") from error
+        if sent == len(data):
+            return
+        data = memoryview(data)[sent:]
+    await stream.send_all(data)
 
 
 class PeerClosed(HaProtocolError):
@@ -38,13 +70,30 @@ class StreamReader:
         self._end = 0
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.received_bytes = 0
+        self._reads_unyielded = 0
 
     async def _receive_into(self, view: memoryview) -> int:
         if self._socket is not None:
-            try:
-                return await self._socket.recv_into(view)
-            except OSError as error:
-                raise trio.BrokenResourceError(f"receive failed: {error}") from error
+            # what waits in the socket is taken without a scheduling point (trio's recv_into
+            # yields after every read, a loop pass per ack or small frame); at least every
+            # YIELD_EVERY_READS reads a checkpoint all the same, so a peer that keeps the
+            # socket full cannot hold the loop
+            self._reads_unyielded += 1
+            if self._reads_unyielded >= YIELD_EVERY_READS:
+                self._reads_unyielded = 0
+                await trio.lowlevel.checkpoint()
+            socket = self._socket
+            while True:
+                fd = socket.fileno()
+                if fd < 0:
+                    raise trio.ClosedResourceError("the socket was closed")
+                try:
+                    return os.readv(fd, (view,))
+                except BlockingIOError:
+                    self._reads_unyielded = 0
+                    await trio.lowlevel.wait_readable(socket)
+                except OSError as error:
+                    raise trio.BrokenResourceError(f"receive failed: {error}") from error
         data = await self.stream.receive_some(len(view))
         view[:len(data)] = data
         return len(data)
