@@ -23,7 +23,7 @@ def prepare_environment() -> None:
 
 def start_session(master: str = DEFAULT_MASTER, app_name: str = "hastore-pipeline", *,
                   extra_conf: dict[str, str] | None = None):
-    """A SparkSession on ``master`` with the ``commitlog`` and ``hastore`` sources registered
+    """A SparkSession on ``master`` with the ``commitlog`` source registered
     (an existing session of this process is reused, with the sources registered again)."""
     prepare_environment()
     from pyspark.sql import SparkSession
@@ -45,11 +45,6 @@ def start_session(master: str = DEFAULT_MASTER, app_name: str = "hastore-pipelin
 
 
 def register_sources(spark) -> None:
-    """Register ``commitlog`` (and, when its module loads, the ``hastore`` stream source and sink)."""
+    """Register the pipeline's data sources with ``spark`` (today: ``commitlog``)."""
     from .commitlog_source import CommitLogDataSource
     spark.dataSource.register(CommitLogDataSource)
-    try:
-        from .hastore_source import HastoreDataSource
-    except ImportError:     # the streaming source is optional until its module exists
-        return
-    spark.dataSource.register(HastoreDataSource)
