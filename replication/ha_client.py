@@ -114,11 +114,18 @@ class HAClient:
     """Keeps this slave's log a copy of its master's."""
 
     def __init__(self, store: ReplicaStore, epoch_file: EpochFile, settings: HaClientSettings, *,
-                 on_truncated: Callable[[int], None] | None = None) -> None:
+                 on_truncated: Callable[[int], None] | None = None,
+                 on_confirm_advanced: Callable[[], None] | None = None) -> None:
+        """``on_confirm_advanced`` is told (on the trio thread) when the confirm offset this
+        replica publishes moves: readers capped at it may have new messages."""
         self.store = store
         self.epoch_file = epoch_file
         self.settings = settings
         self.on_truncated = on_truncated
+        self.on_confirm_advanced = on_confirm_advanced
+        # the master's confirm offset as its CONFIRM frames told it (this session); the store's
+        # confirm offset follows it, never past this log's end
+        self._master_confirm_offset = 0
         self.backoff = Backoff(settings.backoff_min_ms, settings.backoff_max_ms)
         self._connected = False
         self._master_node_id: str | None = None
@@ -172,6 +179,7 @@ class HAClient:
         self._master_node_id = welcome.node_id
         self._master_epoch = welcome.epoch
         self._master_max_offset = welcome.max_offset
+        self._master_confirm_offset = 0  # a confirm offset speaks of this master's log only
         await stream.send_all(protocol.ack(self.store.max_offset))
         log.info("following master %s (epoch %d) from %d", welcome.node_id, welcome.epoch,
                  self.store.max_offset)
@@ -247,6 +255,10 @@ class HAClient:
                 header = protocol.parse_data_header(await reader.exactly(protocol.DATA_HEADER.size))
                 data = buffer[:header.size]
                 await reader.exactly_into(data)
+                if header.is_confirm:
+                    self._master_confirm_offset = max(self._master_confirm_offset, header.offset)
+                    self._publish_confirm_offset()
+                    continue
                 if header.is_heartbeat:
                     self._master_max_offset = max(self._master_max_offset, header.offset)
                     continue
@@ -300,11 +312,22 @@ class HAClient:
                 store.append(offset, data)
             self._received_bytes += len(data)
             free_buffers.send_nowait(buffer)
+            self._publish_confirm_offset()
             unacked += 1
             # the ack follows the append in the same step: what it names is in this log
             if unacked >= ACK_FRAMES_MAX or frames.statistics().current_buffer_used == 0:
                 await send_now(stream, protocol.ack(store.max_offset))
                 unacked = 0
+
+    def _publish_confirm_offset(self) -> None:
+        """The store's confirm offset up to the master's, within what this log holds (a
+        confirm offset only counts for bytes this replica has from this master)."""
+        store = self.store
+        confirm = min(self._master_confirm_offset, store.max_offset)
+        if confirm > store.confirm_offset:
+            store.publish_confirm_offset(confirm)
+            if self.on_confirm_advanced is not None:
+                self.on_confirm_advanced()
 
     def statistics(self) -> HaClientStatistics:
         max_offset = self.store.max_offset

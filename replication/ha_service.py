@@ -344,7 +344,11 @@ class HAService:
         heartbeat_due = trio.current_time() + heartbeat_s
         ahead = None  # the next frame, read while the one before was sent
         parked = False  # since the last send: a send that yields nothing must not hog the loop
+        sent_confirm = -1  # the confirm offset this slave was last told (it reads up to it)
         while True:
+            if store.confirm_offset != sent_confirm:
+                sent_confirm = store.confirm_offset
+                await send_now(stream, protocol.confirm(sent_confirm))
             if ahead is None and offset >= store.max_offset:
                 now = trio.current_time()
                 if now >= heartbeat_due:

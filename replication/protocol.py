@@ -18,11 +18,17 @@ node without a secret uses the empty key: the exchange still runs, but proves no
 Then the stream, binary::
 
     master -> slave  [phyOffset u64][size u32][crc32 u32][bytes]   size 0: heartbeat
+                     [confirmOffset u64][0 u32][1 u32]               confirm offset
     slave  -> master [ackOffset u64]
 
 A data frame's bytes are whole records of one segment and one epoch, starting at
 ``phyOffset``. A heartbeat's ``phyOffset`` is the master's max offset when it was sent, so
-an idle slave still knows how far behind it is. The slave's first ack, sent once its log
+an idle slave still knows how far behind it is. A CONFIRM frame is a header of size 0 whose
+CRC field is 1 (a heartbeat's is 0): it carries the master's confirm offset (what every
+member of the sync-state set holds), sent when a stream starts and whenever it moved, so
+that a slave under a controller serves reads only up to it. It is additive: a slave from
+before it takes the frame for a heartbeat naming an offset at or below the master's end,
+which changes nothing there. The slave's first ack, sent once its log
 ends at the resync offset, tells the master where to start streaming; after that it acks
 after each applied frame and on an interval.
 
@@ -259,6 +265,14 @@ def heartbeat(master_max_offset: int) -> bytes:
     return DATA_HEADER.pack(master_max_offset, 0, 0)
 
 
+CONFIRM_MARK = 1   # the CRC field of a size-0 header that carries the confirm offset
+
+
+def confirm(confirm_offset: int) -> bytes:
+    """A CONFIRM frame: the master's confirm offset (a heartbeat to slaves from before it)."""
+    return DATA_HEADER.pack(confirm_offset, 0, CONFIRM_MARK)
+
+
 @dataclass(frozen=True, slots=True)
 class DataHeader:
     offset: int
@@ -267,7 +281,12 @@ class DataHeader:
 
     @property
     def is_heartbeat(self) -> bool:
+        """No bytes: a heartbeat, or a CONFIRM frame (``is_confirm``)."""
         return self.size == 0
+
+    @property
+    def is_confirm(self) -> bool:
+        return self.size == 0 and self.crc == CONFIRM_MARK
 
 
 def parse_data_header(raw) -> DataHeader:

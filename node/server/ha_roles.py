@@ -149,13 +149,16 @@ class HaRuntime:
         # a proxied cluster: dial this master through the proxy of this slave -> master pair
         master_ha_address = self.config.peer_ha_addresses.get(master_ha_address, master_ha_address)
         self.role.change(Role.SLAVE, epoch, master_client_address)  # no write is accepted from here on
-        self.store.limit_reads_to_confirm_offset(False)  # a slave serves what it has replicated
+        # under a controller a slave serves only up to the confirm offset its master sent it
+        # (until then its own: a deposed master's, which its successor holds); a divergent
+        # tail past it is cut at the handshake. A static slave serves what it has replicated
+        self.store.limit_reads_to_confirm_offset(self.config.zk_hosts is not None)
         await self._stop_service("stepped down to slave")
         if self._client_part is not None and self._master_ha_address == master_ha_address:
             return  # already following that master
         await self._stop_client()
         client = HAClient(self.store.replica_log, self.epochs, self._client_settings(master_ha_address),
-                          on_truncated=self._after_truncation)
+                          on_truncated=self._after_truncation, on_confirm_advanced=self._on_confirm_advanced)
         self._client_part = await self._start_part("ha-client", serve_ha_client, client)
         self.ha_client = client
         self._master_ha_address = master_ha_address
@@ -199,6 +202,23 @@ class HaRuntime:
             await service.wait_for_replicas(end_offset)
         except ReplicaWaitError as error:
             return error.status
+        return None
+
+    def read_refusal(self) -> str | None:
+        """Why this node may not serve reads now, or None. A master under a controller serves
+        only while it holds its permit in its epoch and is not fenced: after its session
+        was lost, or a pause outlasted its lease, a new master may already be serving and
+        cutting what this one still holds, until a fresh read of the master znode says
+        otherwise. A slave serves up to the confirm offset it learned from its master."""
+        state = self.role.state
+        if state.role is not Role.MASTER:
+            return None
+        if state.fenced is not None:
+            return f"this master is fenced ({state.fenced}): it serves no read until its role is confirmed"
+        permit = self._write_permit
+        if permit is not None and not permit(state.epoch):
+            return ("this master holds no permit from the controller in its epoch (ZooKeeper session suspended "
+                    "or lost, or its lease ran out after a pause): it serves no read until ZooKeeper confirms it")
         return None
 
     def may_ack(self, epoch: int) -> bool:

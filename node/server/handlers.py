@@ -411,6 +411,7 @@ class RequestHandlers:
         return long_poll
 
     def _pull_once(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int) -> dict:
+        self._check_readable()  # a long poll looks again each time it wakes
         try:
             result = self.store.pull(topic, queue_id, offset, max_count, max_bytes)
         except StoreCorruptError as error:
@@ -422,7 +423,17 @@ class RequestHandlers:
                 "min_offset": result.min_offset, "max_offset": result.max_offset}
 
     # --- queries -------------------------------------------------------------------------
+    def _check_readable(self) -> None:
+        """SERVICE_NOT_AVAILABLE while this node may not serve reads: a master under a
+        controller without its permit (session lost, lease run out after a pause, fenced)
+        must not serve what a new master may not hold (node/server/ha_roles.py)."""
+        if self.replicas is not None:
+            refusal = self.replicas.read_refusal()
+            if refusal is not None:
+                raise RequestError("SERVICE_NOT_AVAILABLE", refusal)
+
     def query_by_key(self, f: Fields) -> dict:
+        self._check_readable()
         topic = f.topic(allow_system=True)
         key = f.str("key", KEY_BYTES_MAX)
         begin_ms = f.int("begin_ms", 0, 2**63 - 1, 0)
@@ -432,12 +443,14 @@ class RequestHandlers:
         return {"messages": [message_to_wire(message) for message in found]}
 
     def query_by_time(self, f: Fields) -> dict:
+        self._check_readable()
         topic = f.topic(allow_system=True)
         queue_id = f.int("queue_id", 0, 2**31 - 1)
         timestamp_ms = f.int("timestamp_ms", 0, 2**63 - 1)
         return {"offset": self.store.offset_by_time(topic, queue_id, timestamp_ms)}
 
     def query_by_id(self, f: Fields) -> dict:
+        self._check_readable()
         message_id = f.str("message_id", 64)
         try:
             message = self.store.get_by_message_id(message_id)
@@ -471,6 +484,7 @@ class RequestHandlers:
                                        {"committed": len(offsets)})
 
     def query_offsets(self, f: Fields) -> dict:
+        self._check_readable()
         group = f.str("group", GROUP_BYTES_MAX)
         topic = f.topic()
         return {"offsets": self.sys_config.offsets(group, topic)}

@@ -133,3 +133,26 @@ async def test_without_the_permit_a_config_change_is_refused_before_it_is_logged
             assert reply["code"] == ResponseCode.SERVICE_NOT_AVAILABLE and "nothing logged" in reply["error"]
         assert m.config_records() == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_without_the_permit_a_master_serves_no_read(master):
+    """A master whose permit is gone (session lost, or a pause outlasted its lease) answers
+    no pull and no offset query until ZooKeeper confirms it again: a new master may be
+    cutting what it still holds. A long poll parked before that finds out when it wakes."""
+    m = master()
+    async with trio.open_nursery() as nursery:
+        await m.start(nursery, frozenset({"n1"}))
+        assert (await m.request(COMMIT))["code"] == ResponseCode.SUCCESS
+        pull = {"code": int(RequestCode.PULL), "opaque": 9, "topic": "orders", "queue_id": 0, "offset": 0}
+        query = {"code": int(RequestCode.QUERY_OFFSETS), "opaque": 10, "group": "cg", "topic": "orders"}
+        assert (await m.request(pull))["code"] == ResponseCode.SUCCESS
+        assert (await m.request(query))["offsets"] == {0: 42}
+        m.permit_epoch = None
+        for payload in (pull, query, {**pull, "timeout_ms": 1000}):
+            reply = await m.request(payload)
+            assert reply["code"] == ResponseCode.SERVICE_NOT_AVAILABLE and "no permit" in reply["error"], reply
+        m.permit_epoch = 1                        # a fresh read of the master znode confirmed it
+        assert (await m.request(query))["offsets"] == {0: 42}
+        m.ha.fence("ZooKeeper session lost")     # the agent's on_fence
+        assert (await m.request(pull))["code"] == ResponseCode.SERVICE_NOT_AVAILABLE
+        nursery.cancel_scope.cancel()
