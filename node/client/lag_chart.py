@@ -73,10 +73,13 @@ def draw_lag_chart(samples: list, events: list, out_path: str, *, title: str) ->
                     plt.Line2D([], [], color="tab:green", marker="v", linestyle=""),
                     plt.Line2D([], [], color="tab:orange", marker="v", linestyle="")]
         labels += ["failover", "joined sync-state set", "left sync-state set"]
-        bytes_axis.legend(handles, labels, loc="upper right", fontsize=8, ncol=2,
-                          title=f"{len(left_out)} more slaves not drawn" if left_out else None)
-        bytes_axis.set_title(title)
-        figure.tight_layout()
+        if left_out:
+            labels[0] += f" (and {len(left_out)} more slaves not drawn)"
+        # above the plots, so it never hides a line or a failover's name
+        figure.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=len(labels),
+                      fontsize=8, frameon=False)
+        figure.suptitle(title)
+        figure.tight_layout(rect=(0, 0, 1, 0.93))
         figure.savefig(out_path, format="png")
     finally:
         plt.close(figure)
@@ -89,12 +92,14 @@ def _when(time_s: float) -> dt.datetime:
 
 
 def _with_gaps(points: list, values: list[float]) -> list[float]:
-    """``values`` with NaN where a sample follows a gap of more than three sampling steps, or is
-    not connected (matplotlib breaks a line at NaN)."""
+    """``values`` with NaN where a sample follows a gap of more than three sampling steps or
+    begins another master's term, or is not connected (matplotlib breaks a line at NaN)."""
     steps = sorted(b.time_s - a.time_s for a, b in zip(points, points[1:]))
     usual_s = steps[len(steps) // 2] if steps else 1.0
     shown = []
     for index, (point, value) in enumerate(zip(points, values)):
-        gap = index > 0 and point.time_s - points[index - 1].time_s > 3 * max(usual_s, 0.1)
+        before = points[index - 1] if index > 0 else point
+        gap = point.time_s - before.time_s > 3 * max(usual_s, 0.1) or (before.master, before.epoch) != (
+            point.master, point.epoch)   # another master's term: its own line
         shown.append(float("nan") if gap or not point.connected else value)
     return shown

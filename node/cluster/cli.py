@@ -254,6 +254,11 @@ def render_status(statuses: list[ProcessStatus], controller: dict | None = None)
         if group in groups:
             lines.extend("  " + line for line in render_group_controller(groups[group]))
         lines.extend("  " + line for line in _table(rows))
+        for item in items:   # each slave's lag status as its master judges it (replication/lag_history.py)
+            slaves = ((item.status or {}).get("replication") or {}).get("slaves") or []
+            if slaves and any("lag_status" in slave for slave in slaves):
+                lines.append(f"  lag status (master {item.spec.name}): " + ", ".join(
+                    f"{slave['node_id']} {slave.get('lag_status', '-')}" for slave in slaves))
         for item in items:
             if item.error:
                 lines.append(f"  {item.spec.name}: {item.error}")
