@@ -286,7 +286,7 @@ def exported_metric_names() -> set[str]:
     master = {"role": "master", "fenced": None, "confirm_offset": 100, "sync_state_set": ["n1", "n2"],
               "slaves": [{"node_id": "n2", "address": "10.0.0.2:10912", "connected": True, "ack_offset": 100,
                           "lag_bytes": 0, "lag_ms": 0, "in_sync": True, "rate_bytes_per_s": 0.0,
-                          "last_ack_age_ms": 0}]}
+                          "last_ack_age_ms": 0, "lag_status": "OK"}]}   # lag_status: the node's lag sampler
     slave = {"role": "slave", "fenced": None, "master_max_offset": 100, "lag_bytes": 0, "connected": True}
     names: set[str] = set()
     for status in (master, slave):
@@ -318,7 +318,8 @@ def test_exported_names_come_from_the_nodes_registry():
     exported = exported_metric_names()
     # counters render with _total, histograms with _bucket; per-slave lag only on a master
     assert {"hastore_put_messages_total", "hastore_put_latency_seconds_bucket", "hastore_replication_is_master",
-            "hastore_replication_slave_lag_bytes", "hastore_replication_lag_bytes"} <= exported
+            "hastore_replication_slave_lag_bytes", "hastore_replication_lag_bytes",
+            "hastore_replication_slave_status", "hastore_replication_slave_lag_seconds"} <= exported
     assert "hastore_put_messages" not in exported
 
 
