@@ -11,6 +11,7 @@ import os
 import click
 
 from node.cluster.supervisor import ClusterStartError, LocalCluster
+from node.client.progress import progress_bar
 from node.cluster.topology import ClusterError
 
 from .drill import DrillReport, DrillSettings, RoundRecord, run_failover_drill
@@ -61,8 +62,12 @@ def failover_command(directory, rounds, group, send_interval_ms, start_cluster, 
             click.echo(f"failover drill on group {group} in {cluster.directory}: {rounds} round(s), ZooKeeper "
                        f"session timeout {cluster.topology.controller.session_timeout_ms} ms")
             click.echo(format_row(ROUND_HEADER))
-        report = run_failover_drill(cluster, rounds, settings,
-                                    on_round=None if as_json else lambda r: click.echo(format_row(round_row(r))))
+        with progress_bar("failover drill rounds", total=rounds) as bar:   # stderr, on a terminal only
+            def on_round(record: RoundRecord) -> None:
+                if not as_json:
+                    click.echo(format_row(round_row(record)))
+                bar.advance()
+            report = run_failover_drill(cluster, rounds, settings, on_round=on_round)
     except ClusterStartError as error:
         for name, tail in error.log_tails.items():
             click.echo(f"--- last lines of {name}'s log ---\n{tail}", err=True)

@@ -21,6 +21,7 @@ import click
 
 from node.cluster import LocalCluster
 from node.cluster.supervisor import ClusterStartError
+from node.client.progress import progress_bar
 from node.cluster.topology import ClusterError
 
 from .errors import ChaosError
@@ -71,8 +72,13 @@ def run_command(directory, start_cluster, proxied, nemesis, cycles, time_limit_s
             if not as_json:
                 click.echo(f"chaos run on group {group} in {cluster.directory}: {cycles} cycle(s) of {nemesis}, "
                            f"seed {seed}")
-            report = run_chaos(cluster, settings, proxies=proxies, address_of=address_of,
-                               on_cycle=None if as_json else _progress)
+            bar = stack.enter_context(progress_bar(f"chaos cycles ({nemesis})", total=cycles))  # a terminal only
+
+            def on_cycle(record: CycleRecord) -> None:
+                if not as_json:
+                    _progress(record)
+                bar.advance()
+            report = run_chaos(cluster, settings, proxies=proxies, address_of=address_of, on_cycle=on_cycle)
     except ClusterStartError as error:
         for name, tail in error.log_tails.items():
             click.echo(f"--- last lines of {name}'s log ---\n{tail}", err=True)
