@@ -338,6 +338,11 @@ def lag_chart_command(cluster_dir, group, bootstraps, files, secret, since, slav
     from ..errors import NodeError
     from .lag_chart import draw_lag_chart
     try:
+        import matplotlib  # noqa: F401  (lag_chart loads it; asked here to say how to get it)
+    except ImportError:
+        raise click.ClickException("lag chart needs matplotlib: pip install 'hastore[pipeline]' "
+                                   "(or pip install matplotlib)") from None
+    try:
         samples, _, _ = _gather(cluster_dir, group, bootstraps, files, secret, since, slave)
     except NodeError as error:
         raise click.ClickException(str(error)) from None
