@@ -33,8 +33,10 @@ def _job(function):
     @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
+        from node.client.progress import progress_bar   # a spinner on a terminal, nothing when piped
         try:
-            return function(*args, **kwargs)
+            with progress_bar(f"pipeline {function.__name__.removesuffix('_command')} (Spark)"):
+                return function(*args, **kwargs)
         except PipelineError as error:
             click.echo(f"Error: {error}", err=True)
             sys.exit(EXIT_BAD_INPUT)

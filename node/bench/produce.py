@@ -29,6 +29,7 @@ import trio
 
 from ..wire import protocol
 from ..client import OutgoingMessage, open_connection, open_producer
+from ..client.progress import progress_bar
 from ..server.config import NodeConfig
 from .echo import LENGTH, echo_request
 from ..errors import NodeError, NodeProcessError
@@ -203,9 +204,11 @@ def _with_node(runs: int, profile_node: str | None, profile_client: str | None, 
         with _EchoProcess() as echo:
             node = NodeProcess.start(root, settings, python_options=_node_options(profile_node))
             try:
-                for run in range(runs):
-                    click.echo(f"run {run + 1}/{runs} ...", err=True)
-                    results.append(measure(node.client_address, echo.port))
+                with progress_bar("bench runs", total=runs) as bar:   # stderr, on a terminal only
+                    for run in range(runs):
+                        click.echo(f"run {run + 1}/{runs} ...", err=True)
+                        results.append(measure(node.client_address, echo.port))
+                        bar.advance()
             finally:
                 node.stop()
             if not node.stopped_cleanly():

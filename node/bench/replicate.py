@@ -91,6 +91,7 @@ async def _wait_in_sync(master_address: str, members: int) -> None:
 
 async def _catch_up(directory: str, total_bytes: int) -> dict:
     from ..cluster.process import NodeProcess, free_port
+    from ..client.progress import progress_bar
     master_dir = os.path.join(directory, "m")
     started = time.perf_counter()
     filled = await trio.to_thread.run_sync(_fill_store, os.path.join(master_dir, "store"), total_bytes)
@@ -104,9 +105,11 @@ async def _catch_up(directory: str, total_bytes: int) -> dict:
                 **NODE_SETTINGS, "node_id": "s", "role": "slave", "ha_address": f"127.0.0.1:{free_port()}",
                 "master_ha_address": f"127.0.0.1:{master_ha}"}) as slave:
             ready = time.perf_counter()
-            with trio.fail_after(PHASE_DEADLINE_S):
-                while (await _status(slave.client_address))["store"]["max_physical_offset"] < master_max:
+            with trio.fail_after(PHASE_DEADLINE_S), progress_bar("slave catch-up (bytes)", total=master_max) as bar:
+                while (caught_up := (await _status(slave.client_address))["store"]["max_physical_offset"]) < master_max:
+                    bar.update(completed=caught_up)
                     await trio.sleep(0.02)
+                bar.update(completed=master_max)
             finished = time.perf_counter()
     floor_mb_per_s = await trio.to_thread.run_sync(_disk_write_floor, directory, master_max)
     elapsed, stream_s = finished - started, finished - ready

@@ -63,10 +63,12 @@ def progress_bar(description: str, total: float | None = None, *, stream: TextIO
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
-    console = Console(file=stream if stream is not None else sys.stderr)
+    target = stream if stream is not None else sys.stderr
+    console = Console(file=target)
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TimeRemainingColumn()]
-    # lines a command prints on the same terminal go above the bar; a piped stdout is left alone
+    # lines the command prints meanwhile (click.echo, err=True or not) go above the bar when they
+    # go to the same terminal; a piped stdout is left alone
     with Progress(*columns, console=console, refresh_per_second=REFRESH_PER_S,
-                  redirect_stdout=_is_terminal(sys.stdout), redirect_stderr=False) as progress:
+                  redirect_stdout=_is_terminal(sys.stdout), redirect_stderr=target is sys.stderr) as progress:
         yield Bar(progress, progress.add_task(description, total=total))
