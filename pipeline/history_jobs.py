@@ -136,8 +136,9 @@ def _slaves_of(item: dict) -> list | None:
     for holder in (item, item.get("replication") or {}, item.get("master") or {}):
         if isinstance(holder, dict) and isinstance(holder.get("slaves"), list) and holder["slaves"]:
             return holder["slaves"]
-    if isinstance(item.get("replication"), dict) or "master" in item:
-        return []         # a status with no slave connected: no sample
+    if isinstance(item.get("replication"), dict) or ("master" in item and "slave" not in item):
+        return []         # a status with no slave connected: no sample (a lag_history_path
+                          # sample names its master too, and its slave)
     return None
 
 
