@@ -37,3 +37,7 @@ class FencedError(ControllerError):
 
 class ZnodeValueError(ControllerError):
     """A znode holds a value that is not the documented JSON object (its path is named)."""
+
+
+class RouteError(ControllerError):
+    """A topic route cannot be written or read as asked (a shrink, an unknown group, a bad znode value)."""

@@ -5,6 +5,7 @@
     /hastore/{cluster}/groups/{group}/master          persistent                    (MasterRecord)
     /hastore/{cluster}/groups/{group}/sync_state_set  persistent                    (SyncStateSet)
     /hastore/{cluster}/groups/{group}/status          persistent, controller-written (GroupStatus)
+    /hastore/{cluster}/topics/{topic}                 persistent, a topic's route  (routes.TopicRoute)
 
 Values are UTF-8 JSON objects (compact, keys sorted), chosen over msgpack so that an
 operator can read them with ``zkCli.sh get``. Readers ignore keys they do not know, so
@@ -71,6 +72,15 @@ def sync_state_set_path(cluster: str, group: str) -> str:
 
 def status_path(cluster: str, group: str) -> str:
     return f"{group_path(cluster, group)}/status"
+
+
+def topics_path(cluster: str) -> str:
+    return f"{cluster_path(cluster)}/topics"
+
+
+def topic_path(cluster: str, topic: str) -> str:
+    _check_name("topic", topic)
+    return f"{topics_path(cluster)}/{topic}"
 
 
 def _check_name(what: str, name: str) -> None:
