@@ -8,8 +8,8 @@ Consumers see a message only once it is dispatched. On its thread, a wake from a
 followed by ``dispatch_interval_ms`` of waiting, so the writes of that time share a pass.
 
 Without the thread (``threaded=False``, StoreConfig ``dispatcher_thread: false``) the
-owner runs the passes in its own loop: ``wake`` is then a ``WakeFlag`` whose ``on_set``
-callback the owner installs (a write calls it, from whatever thread wrote), and the owner
+owner runs the passes in its own loop: ``wake`` is then a ``WakeFlag`` whose listener
+the owner installs with ``listen`` (a write calls it, from whatever thread wrote), and the owner
 answers it with ``dispatch_pass`` until ``lag_bytes`` is 0. ``stop``/``start`` hold and
 release a gate that ``dispatch_pass`` tries without blocking, so a cut or a shutdown that
 stopped the dispatcher never races a pass. The node runs its store this way, in its trio
@@ -53,23 +53,37 @@ DispatchListener = Callable[[int, set[tuple[str, int]]], None]
 
 class WakeFlag:
     """The wake of a dispatcher without a thread: the ``threading.Event`` calls a writer
-    makes (``is_set``, ``set``), a flag the owner clears before a pass, and ``on_set``, which
-    ``set`` calls on whichever thread wrote (the owner hands over to its loop from there)."""
+    makes (``is_set``, ``set``), a flag the owner clears before a pass, and a listener, which
+    ``set`` calls on whichever thread wrote (the owner hands over to its loop from there).
+    The owner installs it with ``listen`` while its loop runs and removes it with ``unlisten``."""
 
-    __slots__ = ("_set", "on_set")
+    __slots__ = ("_set", "_listener")
 
     def __init__(self) -> None:
         self._set = False
-        self.on_set: Callable[[], None] | None = None
+        self._listener: Callable[[], None] | None = None
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` on every ``set`` from now on (one listener at a time)."""
+        invariant(self._listener is None, "a WakeFlag has one listener at a time")
+        self._listener = listener
+
+    def unlisten(self) -> None:
+        """No listener any more (a later ``set`` only raises the flag)."""
+        self._listener = None
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None
 
     def is_set(self) -> bool:
         return self._set
 
     def set(self) -> None:
         self._set = True  # before the callback: a pass the callback starts sees the flag set
-        on_set = self.on_set
-        if on_set is not None:
-            on_set()
+        listener = self._listener
+        if listener is not None:
+            listener()
 
     def clear(self) -> None:
         self._set = False

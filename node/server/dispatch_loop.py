@@ -64,7 +64,7 @@ class LoopCaller:
 
 
 class _LoopWake:
-    """``WakeFlag.on_set`` for a trio loop: sets an event in the loop, from any thread (a
+    """A ``WakeFlag`` listener for a trio loop: sets an event in the loop, from any thread (a
     wake dropped while the node stops is harmless: shutdown dispatches what is left)."""
 
     def __init__(self) -> None:
@@ -90,11 +90,11 @@ async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_B
     invariant(not dispatcher.threaded and isinstance(dispatcher.wake, WakeFlag),
               "serve_dispatch needs a dispatcher without its thread")
     wake = _LoopWake()
-    dispatcher.wake.on_set = wake
+    dispatcher.wake.listen(wake)
     try:
         task_status.started()
         while True:
-            # a pass first, also on entry: it clears a flag set before on_set was installed
+            # a pass first, also on entry: it clears a flag set before the listener was installed
             # (a writer that finds the flag set calls nothing)
             if dispatcher.dispatch_pass(pass_bytes_max) is None or dispatcher.lag_bytes <= 0:
                 # caught up, or stopped (a cut in progress: start() sets the wake) or failed
@@ -104,7 +104,7 @@ async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_B
             else:
                 await trio.lowlevel.checkpoint()  # a backlog: let other tasks run between passes
     finally:
-        dispatcher.wake.on_set = None
+        dispatcher.wake.unlisten()
 
 
 def idle_pass(dispatcher: Dispatcher, pass_bytes_max: int = PASS_BYTES_MAX):

@@ -37,7 +37,7 @@ def test_without_its_thread_the_dispatcher_waits_for_its_owner(tmp_path):
     try:
         assert dispatcher_threads() == []
         wakes = []
-        store.dispatcher.wake.on_set = lambda: wakes.append(threading.get_ident())
+        store.dispatcher.wake.listen(lambda: wakes.append(threading.get_ident()))
         store.dispatcher.dispatch_pass()  # clears what start() set
         store.append([Message("t", b"one", queue_id=0)])
         assert wakes == [threading.get_ident()] and store.dispatcher.wake.is_set()
@@ -89,7 +89,7 @@ async def test_serve_dispatch_answers_writes_from_the_loop_and_from_worker_threa
             assert set(grown_on) == {threading.get_ident()}  # every pass ran in the loop
             assert dispatcher_threads() == []
             nursery.cancel_scope.cancel()
-        assert store.dispatcher.wake.on_set is None
+        assert not store.dispatcher.wake.listening
     finally:
         store.shutdown()
 
