@@ -73,3 +73,19 @@ class ClientClosedError(NodeError):
 class BenchPeerError(NodeError):
     """The peer a benchmark compares with (a Redis primary and its replicas) did not start,
     did not come online, or failed a workload; the message says which and what to check."""
+
+
+class RouteError(NodeError):
+    """A routed client cannot go on: the topic has no route, or no group of it can take a send now."""
+
+
+class NoRouteError(RouteError):
+    """The topic has no route in ZooKeeper (create it with ``hastore topic create T --zk HOSTS``)."""
+
+
+class GroupUnavailableError(RouteError):
+    """A group has no master that a client can reach now (it may be failing over); ``group`` names it."""
+
+    def __init__(self, message: str, group: str) -> None:
+        super().__init__(message)
+        self.group = group

@@ -16,7 +16,9 @@ never retried, so a retry can never silently store a message twice.
 It imports only the wire protocol (node/wire/), the pure codec and the error types: never
 the node server, the storage engine, numpy, prometheus_client or kazoo (a test holds it to
 that in a fresh interpreter). Modules: values (messages and results), connection, admin,
-producer, consumer, sync (the blocking wrappers); cli and lag hold the client commands.
+producer, consumer, sync (the blocking wrappers), routing and routed_consumer (a topic spread
+over groups: RoutedProducer, RoutedConsumer; kazoo loaded only when ZooKeeperDirectory is
+first used); cli and lag hold the client commands.
 """
 
 from .admin import Admin, open_admin
@@ -24,6 +26,9 @@ from .connection import (CONNECT_TIMEOUT_MS, REQUEST_TIMEOUT_MS, Connection, Con
                          connect_stream, open_connection)
 from .consumer import Consumer, open_consumer
 from .producer import Producer, ProducerStatistics, open_producer
+from .routed_consumer import RoutedConsumer, RoutedMessage, open_routed_consumer
+from .routing import (MessageQueue, NodeDirectory, RoutedProducer, RoutedResults, ZooKeeperDirectory,
+                      open_routed_producer)
 from .sync import SyncAdmin, SyncConsumer, SyncProducer
 from .values import OutgoingMessage, ReceivedMessage, SendResult, error_from_reply, new_uniq_key, send_fields
 
@@ -31,5 +36,6 @@ __all__ = [
     "Admin", "open_admin", "CONNECT_TIMEOUT_MS", "REQUEST_TIMEOUT_MS", "Connection", "ConnectionStatistics", "connect",
     "connect_stream", "open_connection", "Consumer", "open_consumer", "Producer", "ProducerStatistics",
     "open_producer", "SyncAdmin", "SyncConsumer", "SyncProducer", "OutgoingMessage", "ReceivedMessage", "SendResult",
-    "error_from_reply", "new_uniq_key", "send_fields",
+    "error_from_reply", "new_uniq_key", "send_fields", "RoutedConsumer", "RoutedMessage", "open_routed_consumer",
+    "MessageQueue", "NodeDirectory", "RoutedProducer", "RoutedResults", "ZooKeeperDirectory", "open_routed_producer",
 ]
