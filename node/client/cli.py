@@ -9,6 +9,7 @@ machine-readable results on stdout, progress goes to stderr (on a terminal only)
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
 import time
@@ -19,7 +20,8 @@ import trio
 
 from store.errors import exception_leaves
 
-from . import OutgoingMessage, open_admin, open_consumer, open_producer
+from . import OutgoingMessage, open_admin, open_consumer, open_producer, open_routed_consumer, open_routed_producer
+from .route_cli import routed_source
 from ..errors import NodeError, UnknownOutcomeError
 
 
@@ -30,6 +32,12 @@ def bootstrap_option(command):
     def with_bootstrap(*args, zk_hosts, zk_cluster, zk_group, cluster_dir, **kwargs):
         if zk_hosts and cluster_dir:
             raise click.UsageError("give --zk or --dir, not both")
+        if "route_source" in inspect.signature(command).parameters:   # produce/consume: a routed topic?
+            kwargs["route_source"] = routed_source(kwargs["topic"], zk_hosts, zk_cluster, cluster_dir)
+            if kwargs["route_source"] is not None:
+                if "secret" in kwargs and kwargs["secret"] is None:
+                    kwargs["secret"] = kwargs["route_source"].secret
+                return command(*args, **kwargs)
         if zk_hosts:
             kwargs["bootstrap"] = _master_from_zookeeper(zk_hosts, zk_cluster, zk_group)
         elif cluster_dir:
@@ -147,7 +155,7 @@ def _bodies_from_stdin():
 @secret_option
 @json_option
 def produce_command(bootstrap, bodies, topic, keys, tags, properties, count, size, batch, in_flight, key_prefix,
-                    secret, as_json) -> None:
+                    secret, as_json, route_source=None) -> None:
     """Send messages to TOPIC and report the outcome.
 
     \b
@@ -158,7 +166,8 @@ def produce_command(bootstrap, bodies, topic, keys, tags, properties, count, siz
 
     Unknown outcomes (the connection died after a request left) are counted apart and
     never retried, so they are never silently duplicated. Exit status 1 when any message
-    failed or has an unknown outcome.
+    failed or has an unknown outcome. With --zk/--dir, a topic routed over groups (`hastore
+    topic create T --zk ...`) is sent to queues across all its groups.
     """
     user_properties = _parse_properties(properties)
     generated = count is not None or size is not None or key_prefix is not None
@@ -181,19 +190,20 @@ def produce_command(bootstrap, bodies, topic, keys, tags, properties, count, siz
             return [OutgoingMessage(payload, keys=keys, tags=tags, properties=dict(user_properties))
                     for payload in payloads[first:last]]
         total = len(payloads)
-    outcome = _run(_produce, bootstrap, secret, topic, total, messages_of, batch, in_flight, as_json)
+    outcome = _run(_produce, bootstrap, secret, topic, total, messages_of, batch, in_flight, as_json, route_source)
     if as_json:
         click.echo(json.dumps(outcome))
     else:
         reason = f"; {outcome['error']}" if outcome.get("error") else ""
         click.echo(f"\rsent {outcome['count']}: {outcome['ok']} ok, {outcome['failed']} failed, "
                    f"{outcome['unknown']} unknown outcome in {outcome['seconds']} s "
-                   f"({outcome['msgs_per_s']} msgs/s) {outcome['statuses']}{reason}")
+                   f"({outcome['msgs_per_s']} msgs/s) {outcome['statuses']}{reason}"
+                   + (f" acked per group {outcome['acked_by_group']}" if "acked_by_group" in outcome else ""))
     if outcome["failed"] or outcome["unknown"]:
         sys.exit(1)
 
 
-async def _produce(bootstrap, secret, topic, count, messages_of, batch, in_flight, as_json) -> dict:
+async def _produce(bootstrap, secret, topic, count, messages_of, batch, in_flight, as_json, route_source=None) -> dict:
     """Send messages [0, count) in batches of ``batch``, ``in_flight`` at a time; the outcome."""
     started = time.perf_counter()
     outcome = {"ok": 0, "failed": 0, "unknown": 0, "statuses": {}, "first_message_id": None,
@@ -202,7 +212,10 @@ async def _produce(bootstrap, secret, topic, count, messages_of, batch, in_fligh
     def count_status(status: str, number: int) -> None:
         outcome["statuses"][status] = outcome["statuses"].get(status, 0) + number
 
-    async with open_producer(bootstrap, secret=secret, batch_count_max=batch, in_flight_max=in_flight) as producer:
+    opened = (open_routed_producer(route_source.directory(), secret=secret, batch_count_max=batch,
+                                   in_flight_max=in_flight) if route_source is not None else
+              open_producer(bootstrap, secret=secret, batch_count_max=batch, in_flight_max=in_flight))
+    async with opened as producer:
         async def send_range(first: int, last: int) -> None:
             try:
                 results = await producer.send_batch(topic, messages_of(first, last))
@@ -242,6 +255,8 @@ async def _produce(bootstrap, secret, topic, count, messages_of, batch, in_fligh
                     last_report = time.perf_counter()
                     done = outcome["ok"] + outcome["failed"] + outcome["unknown"]
                     _progress(f"sent {done}/{count}")
+        if route_source is not None:
+            outcome["acked_by_group"] = producer.statistics().acked_by_group
     elapsed = time.perf_counter() - started
     outcome.update(count=count, seconds=round(elapsed, 3), msgs_per_s=round(count / elapsed, 1))
     return outcome
@@ -261,17 +276,20 @@ async def _produce(bootstrap, secret, topic, count, messages_of, batch, in_fligh
 @click.option("--no-commit", is_flag=True, help="Do not commit the group's offsets.")
 @secret_option
 @json_option
-def consume_command(bootstrap, topic, group, from_beginning, count, idle_ms, no_commit, secret, as_json) -> None:
+def consume_command(bootstrap, topic, group, from_beginning, count, idle_ms, no_commit, secret, as_json,
+                    route_source=None) -> None:
     """Read messages of TOPIC as consumer GROUP, committing the group's offsets as it goes.
 
     Prints each message's body on a line of its own (bytes as they are); with --json, one
     JSON object per message with its queue, offsets, id, keys, tags and times (body as UTF-8
-    text). The count goes to stderr.
+    text). The count goes to stderr. With --zk/--dir, a routed topic is read from every
+    group that holds a queue of it, offsets committed to each (--json then names the group).
     """
     async def main():
         received = 0
-        async with open_consumer(bootstrap, topic, group, secret=secret, from_beginning=from_beginning,
-                                 long_poll_ms=min(idle_ms or 5000, 5000)) as consumer:
+        options = dict(secret=secret, from_beginning=from_beginning, long_poll_ms=min(idle_ms or 5000, 5000))
+        async with (open_routed_consumer(route_source.directory(), topic, group, **options)
+                    if route_source is not None else open_consumer(bootstrap, topic, group, **options)) as consumer:
             last_commit = time.monotonic()
             while count is None or received < count:
                 with trio.move_on_after((idle_ms or 10**9) / 1000):
@@ -362,43 +380,7 @@ def query_id(bootstrap, message_id, secret, as_json) -> None:
 
 
 # --- topic ---------------------------------------------------------------------------------
-@click.group("topic")
-def topic_group() -> None:
-    """Create and list topics."""
-
-
-@topic_group.command("create")
-@bootstrap_option
-@click.option("--topic", required=True)
-@click.option("--queues", "queue_count", default=4, show_default=True, type=click.IntRange(1, 1024))
-@secret_option
-@json_option
-def topic_create(bootstrap, topic, queue_count, secret, as_json) -> None:
-    """Create TOPIC (or change its queue count) on the master; logged so it replicates."""
-    async def main():
-        async with open_admin(bootstrap, secret=secret) as admin:
-            return await admin.create_topic(topic, queue_count)
-    reply = _run(main)
-    click.echo(json.dumps({"topic": reply["topic"], "queue_count": reply["queue_count"]}) if as_json
-               else f"topic {reply['topic']} has {reply['queue_count']} queues")
-
-
-@topic_group.command("list")
-@bootstrap_option
-@click.option("--include-system", is_flag=True, help="Also list %SYS% topics.")
-@secret_option
-@json_option
-def topic_list(bootstrap, include_system, secret, as_json) -> None:
-    """Topics and their queue counts."""
-    async def main():
-        async with open_admin(bootstrap, secret=secret) as admin:
-            return await admin.list_topics(include_system)
-    topics = _run(main)
-    if as_json:
-        click.echo(json.dumps(topics))
-        return
-    for name, config in sorted(topics.items()):
-        click.echo(f"{name}\tqueues={config['queue_count']}\tperm={config['perm']}")
+from .route_cli import topic_group  # noqa: E402,F401  (topic create|list, routed over groups: route_cli.py)
 
 
 # --- status --------------------------------------------------------------------------------

@@ -277,6 +277,7 @@ class RoutedProducer:
         self._selectors: dict[str, QueueSelector] = {}
         self._recovering: set[str] = set()
         self._group_lock = trio.Lock()
+        self._route_lock = trio.Lock()
         self._acked: dict[str, int] = {}
         self._failures: dict[str, int] = {}
         self._rerouted = self._swaps = 0
@@ -288,7 +289,10 @@ class RoutedProducer:
         """The topic's queue selector (its route read once from the directory)."""
         selector = self._selectors.get(topic)
         if selector is None:
-            selector = self._selectors[topic] = QueueSelector(topic, await self.directory.route(topic))
+            async with self._route_lock:     # one selector per topic, however many sends start at once
+                if topic not in self._selectors:
+                    self._selectors[topic] = QueueSelector(topic, await self.directory.route(topic))
+            selector = self._selectors[topic]
         return selector
 
     async def send(self, topic: str, body: bytes, *, keys=(), tags: str | None = None,

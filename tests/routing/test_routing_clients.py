@@ -110,3 +110,20 @@ async def test_a_group_that_goes_away_is_passed_over_and_used_again_when_it_is_b
                     await trio.sleep(0.05)
                 assert producer.statistics().group_failures["g2"] >= 1
         nursery.cancel_scope.cancel()
+
+
+async def test_sends_started_at_once_share_one_queue_order(tmp_path):
+    async with trio.open_nursery() as nursery:
+        nodes = [await nursery.start(serve_node, small_config(tmp_path / g, node_id=f"{g}-n1", group=g))
+                 for g in ("g1", "g2")]
+        for node in nodes:
+            await _create(node.client_address, "orders", 2)
+        directory = NodeDirectory({"orders": ROUTE}, {"g1": [nodes[0].client_address],
+                                                      "g2": [nodes[1].client_address]})
+        with trio.fail_after(30):
+            async with open_routed_producer(directory) as producer:
+                async with trio.open_nursery() as senders:
+                    for _ in range(16):
+                        senders.start_soon(producer.send_batch, "orders", [OutgoingMessage(b"x") for _ in range(4)])
+                assert producer.statistics().acked_by_group == {"g1": 32, "g2": 32}
+        nursery.cancel_scope.cancel()
