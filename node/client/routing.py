@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 Route = Mapping[str, Sequence[int]]        # group -> queue ids the group holds
 REROUTE_CODES = ("NOT_MASTER", "SYSTEM_BUSY")   # refused before any write: safe to send elsewhere
 PAUSE_MS_MIN = 100
-PAUSE_MS_MAX = 2_000
+PAUSE_MS_MAX = 1_000
 DIRECTORY_TIMEOUT_S = 5.0
 
 
