@@ -1,10 +1,14 @@
 """``hastore demo``: the whole story of a replicated group on one machine, told step by step.
 
-1. cluster up: a ZooKeeper, two controllers and three nodes (short session timeout)
-2. the controller elects a master; produce to it under sync replication, consume back
-3. one failover drill round: kill -9 the master, a new one is elected, nothing acked is lost,
-   the old master rejoins as a slave and catches up
-4. the replication lag table of the new master
+1. cluster up: a ZooKeeper, two controllers and two groups of three nodes (short session
+   timeout); the controller elects a master in each group
+2. one topic spread over both groups (its route in ZooKeeper, as `hastore topic create`):
+   produce through a routing producer under sync replication (acks per group), consume
+   every queue back from the group that holds it, offsets committed to each group
+3. one failover drill round in g1: kill -9 its master, a new one is elected, nothing acked
+   is lost, the old master rejoins as a slave and catches up; g2 keeps its master, and the
+   topic takes sends on both groups again
+4. the replication lag table of g1's new master
 5. cluster down, every process stopped cleanly
 
 Exits 0 only when every step worked. The single-node demo is ``hastore node-demo``.
@@ -18,7 +22,9 @@ import tempfile
 import click
 import trio
 
-from node.client import OutgoingMessage, open_admin, open_consumer, open_producer
+from node.client import (OutgoingMessage, ZooKeeperDirectory, open_admin, open_routed_consumer,
+                         open_routed_producer)
+from node.client.route_cli import RouteSource, create_routed_topic
 from node.cluster import ClusterError, ClusterStartError, LocalCluster, topology_from_mapping
 from node.errors import NodeError
 from node.client.lag import render_table
@@ -28,12 +34,15 @@ from .drill import DrillSettings, run_failover_drill
 from .errors import ChaosError
 
 TOPIC = "orders"
+TOPIC_QUEUES = 8
+GROUPS = ("g1", "g2")
 CONSUMER_GROUP = "demo-billing"
 STEP_DEADLINE_S = 60
 # A local cluster with a short ZooKeeper session (1.5 s, tick 250 ms): failover in about 2 s.
 DEMO_TOPOLOGY = {"cluster": "demo", "controller": {"session_timeout_ms": 1500, "zookeeper": {"tick_ms": 250}},
                  "store": {"commitlog_segment_bytes": 4 << 20, "consume_queue_entries_per_file": 16_384,
-                           "index_hash_slots": 4096, "index_max_entries": 32_768}}
+                           "index_hash_slots": 4096, "index_max_entries": 32_768},
+                 "groups": {group: {"nodes": 3} for group in GROUPS}}
 
 
 class DemoError(ChaosError):
@@ -55,8 +64,9 @@ def _step(number: int, text: str) -> None:
               help="Messages to produce and consume.")
 @click.option("--keep", is_flag=True, help="Keep the directory (logs, stores) afterwards.")
 def demo_command(directory: str | None, count: int, keep: bool) -> None:
-    """ZooKeeper, two controllers and three nodes: produce, consume, kill -9 the master, fail
-    over without losing an acked message, show the lag table, stop everything."""
+    """ZooKeeper, two controllers and two groups of three nodes: one topic spread over both
+    groups, produce and consume across them, kill -9 g1's master, fail over without losing an
+    acked message while g2 is untouched, show the lag table, stop everything."""
     root = directory or tempfile.mkdtemp(prefix="hastore-demo-")
     remove = directory is None and not keep
     try:
@@ -75,22 +85,30 @@ def demo_command(directory: str | None, count: int, keep: bool) -> None:
 
 
 def _run(root: str, count: int) -> None:
-    _say("hastore demo: a replicated group with automatic failover, all processes on loopback.")
+    _say("hastore demo: two replicated groups with automatic failover, one topic spread over both, "
+         "all processes on loopback.")
     cluster = LocalCluster(root, topology_from_mapping(DEMO_TOPOLOGY))
     session_ms = cluster.topology.controller.session_timeout_ms
     try:
-        _step(1, "cluster up: ZooKeeper, two controllers, three nodes (`hastore cluster up`)")
+        _step(1, "cluster up: ZooKeeper, two controllers, two groups of three nodes (`hastore cluster up`)")
         for spec in cluster.up():
             where = spec.client_address or spec.log_path
             _say(f"    {spec.name:<13} {spec.kind:<10} {where}  pid {cluster.pid(spec.name)}")
         _say(f"    nodes start as fenced slaves; the active controller elects a master. ZooKeeper session "
              f"timeout: {session_ms} ms (a dead master is noticed after about that long)")
-        master = cluster.current_master("g1")
-        _say(f"    master of g1: {master.node_id} (epoch {master.epoch}) at {master.client_address}")
+        masters = {group: cluster.current_master(group) for group in GROUPS}
+        for group, record in masters.items():
+            _say(f"    master of {group}: {record.node_id} (epoch {record.epoch}) at {record.client_address}")
+        master = masters["g1"]
 
-        _step(2, f"produce {count} messages to {TOPIC!r} under sync replication, then consume them as "
+        _step(2, f"topic {TOPIC!r}: {TOPIC_QUEUES} queues spread over {' and '.join(GROUPS)} (`hastore topic create "
+                 f"{TOPIC} --queues {TOPIC_QUEUES} --dir DIR`); produce {count} messages, consume them as "
                  f"{CONSUMER_GROUP!r}")
-        trio.run(_produce_and_consume, master.client_address, count, cluster.topology.secret)
+        source = RouteSource.of_local_cluster(cluster)
+        route, _ = create_routed_topic(source, TOPIC, TOPIC_QUEUES, list(GROUPS), cluster.topology.secret)
+        _say(f"    route in ZooKeeper at /hastore/{source.cluster}/topics/{TOPIC}: "
+             + ", ".join(f"{group} queues {list(ids)}" for group, ids in route.queues))
+        trio.run(_produce_and_consume, source, count)
 
         _step(3, f"failover drill, one round: kill -9 {master.node_id} while a producer sends")
         _say(format_row(ROUND_HEADER))
@@ -102,6 +120,13 @@ def _run(root: str, count: int) -> None:
             raise DemoError("the failover drill round did not pass (see above)")
         new_master = cluster.current_master("g1")
         _say(f"    {master.node_id} is back as a slave; {new_master.node_id} is master in epoch {new_master.epoch}")
+        g2_now = cluster.current_master("g2")
+        if (g2_now.node_id, g2_now.epoch) != (masters["g2"].node_id, masters["g2"].epoch):
+            raise DemoError(f"g2's master changed during g1's failover: {masters['g2'].node_id} epoch "
+                            f"{masters['g2'].epoch} -> {g2_now.node_id} epoch {g2_now.epoch}")
+        _say(f"    g2 was left alone: {g2_now.node_id} is still its master in epoch {g2_now.epoch}")
+        acked = trio.run(_produce, source, "after the failover", 64)
+        _say(f"    after the failover the topic takes sends on both groups again: acks per group {acked}")
 
         _step(4, f"replication lag as {new_master.node_id} sees it (`hastore lag`)")
         status = trio.run(_status, new_master.client_address, cluster.topology.secret)
@@ -118,28 +143,41 @@ def _run(root: str, count: int) -> None:
     _say("\ndone: every step worked.")
 
 
-async def _produce_and_consume(address: str, count: int, secret: str | None) -> None:
+async def _produce(source: RouteSource, label: str, count: int) -> dict[str, int]:
+    """Send ``count`` messages through a routing producer (batches of 32); acks per group."""
     with trio.fail_after(STEP_DEADLINE_S):
-        async with open_admin(address, secret=secret) as admin:
-            await admin.create_topic(TOPIC, queue_count=4)
-        async with open_producer(address, secret=secret, batch_count_max=32, linger_ms=2) as producer:
-            messages = [OutgoingMessage(f"order #{i}".encode(), keys=[f"order-{i}"]) for i in range(count)]
+        async with open_routed_producer(source.directory(), secret=source.secret, batch_count_max=32) as producer:
+            messages = [OutgoingMessage(f"order #{i} ({label})".encode(), keys=[f"order-{i}"]) for i in range(count)]
             results = []
             for first in range(0, count, 32):
                 results += await producer.send_batch(TOPIC, messages[first:first + 32])
-        bad = [result for result in results if not result.ok]
-        if bad:
-            raise DemoError(f"{len(bad)} of {count} sends were not acknowledged; first: {bad[0]}")
-        _say(f"    {count} messages acknowledged (PUT_OK): each one is on every member of the sync-state set")
-        received = []
-        async with open_consumer(address, TOPIC, CONSUMER_GROUP, secret=secret, from_beginning=True,
-                                 long_poll_ms=1000) as consumer:
+            acked = producer.statistics().acked_by_group
+    bad = [result for result in results if not result.ok]
+    if bad:
+        raise DemoError(f"{len(bad)} of {count} sends were not acknowledged; first: {bad[0]}")
+    if set(acked) != set(GROUPS):
+        raise DemoError(f"the sends did not reach every group of the topic: acks per group {acked}")
+    return dict(sorted(acked.items()))
+
+
+async def _produce_and_consume(source: RouteSource, count: int) -> None:
+    acked = await _produce(source, "first run", count)
+    _say(f"    {count} messages acknowledged (PUT_OK) across the groups, per group {acked}: each one is on every "
+         f"member of its group's sync-state set")
+    received = []
+    with trio.fail_after(STEP_DEADLINE_S):
+        async with open_routed_consumer(ZooKeeperDirectory(source.zk_hosts, source.cluster), TOPIC, CONSUMER_GROUP,
+                                        secret=source.secret, from_beginning=True, long_poll_ms=1000) as consumer:
             while len(received) < count:
                 received.append(await consumer.receive())
             committed = await consumer.commit()
-    if sorted(m.body for m in received) != sorted(m.body for m in messages):
+    expected = sorted(f"order #{i} (first run)".encode() for i in range(count))
+    if sorted(m.body for m in received) != expected:
         raise DemoError("the consumer did not receive exactly the messages produced")
-    _say(f"    consumed all {count} back; committed offsets per queue: {dict(sorted(committed.items()))}")
+    per_group: dict[str, dict[int, int]] = {}
+    for queue, offset in sorted(committed.items()):
+        per_group.setdefault(queue.group, {})[queue.queue_id] = offset
+    _say(f"    consumed all {count} back from both groups; offsets committed to each group per queue: {per_group}")
 
 
 async def _status(address: str, secret: str | None) -> dict:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import click
 import trio
 
-from ..errors import NodeError
+from ..errors import NodeError, RouteError
 from . import open_admin
 from .routing import ZooKeeperDirectory
 
@@ -44,26 +44,31 @@ class RouteSource:
         if zk_hosts:
             return cls(zk_hosts, zk_cluster)
         from ..cluster import ClusterError, LocalCluster   # only --dir needs the local cluster
-        local = LocalCluster(cluster_dir)
         try:
-            return cls(local.zk_hosts, local.topology.cluster, local.topology.secret)
+            return cls.of_local_cluster(LocalCluster(cluster_dir))
         except ClusterError as error:
             raise click.ClickException(f"{error}: routes live in ZooKeeper; start the cluster in controller mode "
                                        f"(`hastore cluster up --dir {cluster_dir}`)") from None
 
+    @classmethod
+    def of_local_cluster(cls, local) -> "RouteSource":
+        """The ZooKeeper, cluster name and secret of a LocalCluster (ClusterError in static mode)."""
+        return cls(local.zk_hosts, local.topology.cluster, local.topology.secret)
+
     def call(self, function, *args):
-        """``function(client, cluster, *args)`` on a fresh ZooKeeper session; errors become click's."""
+        """``function(client, cluster, *args)`` on a fresh ZooKeeper session; the controller's
+        errors (ZooKeeper down, a route refused) become RouteError."""
         from controller import ControllerError
         from controller.znodes import make_client, start_client
         try:
             client = make_client(self.zk_hosts)
             start_client(client, 5.0, "hastore topic")
         except ControllerError as error:
-            raise click.ClickException(f"{error}; is ZooKeeper running at {self.zk_hosts}?") from None
+            raise RouteError(f"{error}; is ZooKeeper running at {self.zk_hosts}?") from None
         try:
             return function(client, self.cluster, *args)
         except ControllerError as error:
-            raise click.ClickException(str(error)) from None
+            raise RouteError(str(error)) from None
         finally:
             client.stop()
             client.close()
@@ -83,7 +88,10 @@ def routed_source(topic: str, zk_hosts: str | None, zk_cluster: str, cluster_dir
     if not (zk_hosts or cluster_dir):
         return None
     source = RouteSource.from_options(zk_hosts, zk_cluster, cluster_dir)
-    return source if source.route_of(topic) is not None else None
+    try:
+        return source if source.route_of(topic) is not None else None
+    except RouteError as error:
+        raise click.ClickException(str(error)) from None
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -146,7 +154,10 @@ def topic_create(name, topic_option, queue_count, groups, zk_hosts, zk_cluster, 
                    else f"topic {reply['topic']} has {reply['queue_count']} queues")
         return
     wanted = [group.strip() for group in groups.split(",") if group.strip()] if groups else None
-    route, masters = source.call(_create_routed, topic, queue_count, wanted, secret or source.secret)
+    try:
+        route, masters = create_routed_topic(source, topic, queue_count, wanted, secret or source.secret)
+    except NodeError as error:
+        raise click.ClickException(str(error)) from None
     if as_json:
         click.echo(json.dumps({**route.to_json(), "queue_count": route.queue_count, "masters": masters}))
         return
@@ -155,8 +166,16 @@ def topic_create(name, topic_option, queue_count, groups, zk_hosts, zk_cluster, 
         click.echo(f"  {group:<10} queues {_ids(ids):<10} (created on master {masters[group]})")
 
 
+def create_routed_topic(source: RouteSource, topic: str, queue_count: int, groups: list[str] | None = None,
+                        secret: str | None = None):
+    """Spread ``topic``'s queues over ``groups`` (None: every group): plan the route, create the
+    topic on each group's master with its share, then write the route. Returns the route
+    (controller.routes.TopicRoute) and {group: "node_id address"} of the masters used.
+    RouteError (or the node's own error) when it cannot; nothing is routed then."""
+    return source.call(_create_routed, topic, queue_count, groups, secret)
+
+
 def _create_routed(client, cluster: str, topic: str, queue_count: int, groups, secret):
-    """Plan the route, create the topic on each group's master, then write the route."""
     from controller.routes import plan_route, write_route
     from controller.znodes import find_master_with_client
     route, _old, version = plan_route(client, cluster, topic, queue_count, groups)
@@ -166,10 +185,10 @@ def _create_routed(client, cluster: str, topic: str, queue_count: int, groups, s
         try:
             reply = trio.run(_create_on, master.client_address, secret, topic, len(ids))
         except NodeError as error:
-            raise click.ClickException(f"creating {topic} on group {group}'s master {master.node_id} failed: {error}; "
-                                       f"nothing was routed, run the command again") from None
+            raise RouteError(f"creating {topic} on group {group}'s master {master.node_id} failed: {error}; "
+                             f"nothing was routed, run the command again") from None
         if reply["queue_count"] < len(ids):
-            raise click.ClickException(f"group {group} holds {reply['queue_count']} queues of {topic}, the route "
+            raise RouteError(f"group {group} holds {reply['queue_count']} queues of {topic}, the route "
                                        f"needs {len(ids)}")
         masters[group] = f"{master.node_id} {master.client_address}"
     write_route(client, cluster, route, version)
@@ -199,7 +218,10 @@ def topic_list(include_system, zk_hosts, zk_cluster, cluster_dir, bootstrap, sec
             click.echo(f"{name}\tqueues={config['queue_count']}\tperm={config['perm']}")
         return
     from controller.routes import list_routes
-    routes = source.call(list_routes)
+    try:
+        routes = source.call(list_routes)
+    except NodeError as error:
+        raise click.ClickException(str(error)) from None
     if as_json:
         click.echo(json.dumps([{**route.to_json(), "queue_count": route.queue_count} for route in routes]))
         return
