@@ -84,9 +84,15 @@ class RouteSource:
 
 def routed_source(topic: str, zk_hosts: str | None, zk_cluster: str, cluster_dir: str | None) -> RouteSource | None:
     """The route source when ``topic`` has a route in the cluster named by --zk/--dir, else None
-    (the command then talks to one group's master, as before routes existed)."""
+    (the command then talks to one group's master, as before routes existed). A local cluster
+    with static roles has no ZooKeeper, hence no routes."""
     if not (zk_hosts or cluster_dir):
         return None
+    if cluster_dir and not zk_hosts:
+        from ..cluster import LocalCluster   # only --dir needs the local cluster
+        local = LocalCluster(cluster_dir)
+        if not local.topology.controller.enabled or not local.nodes():
+            return None   # static roles (no ZooKeeper, so no routes) or no cluster: the one-group path says what to do
     source = RouteSource.from_options(zk_hosts, zk_cluster, cluster_dir)
     try:
         return source if source.route_of(topic) is not None else None

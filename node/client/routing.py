@@ -38,12 +38,12 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import trio
 
-from ..errors import (ConnectionLostError, GroupUnavailableError, NodeError, NoRouteError, RequestError,
-                      RequestTimeoutError, RouteError, UnknownOutcomeError)
+from ..errors import (ConnectionLostError, GroupUnavailableError, NodeError, NoRouteError, RequestError, RouteError,
+                      UnknownOutcomeError)
 from .admin import Admin
 from .connection import CONNECT_TIMEOUT_MS, connect, sole_error
 from .producer import Producer
-from .values import OutgoingMessage, ReceivedMessage, SendResult
+from .values import OutgoingMessage, SendResult
 
 log = logging.getLogger(__name__)
 
