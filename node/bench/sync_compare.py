@@ -43,8 +43,11 @@ message for a fixed workload and /proc CPU per message in the same runs):
   channel on the master, and a receiver, an applier and an ack task on the slave, with a
   scheduling point at every socket read and write; now one sender task per slave, the
   applier acks right after its append, and reads and writes that need not wait do not
-  yield (replication/transport.py). Batched: hastore's CPU per message went from 86 to
-  57 µs (master 39 -> 26, each slave 19 -> 12), Redis's side spends 43 to 51.
+  yield (replication/transport.py). Batched, /proc: hastore's CPU per message went from
+  86 to 57 µs (master 39 -> 26, each slave 19 -> 12) while Redis's side went from 51 to 43
+  (a quieter machine): hastore over Redis 1.69 -> 1.33. Callgrind counts moved less:
+  master 97k -> 90k instructions a message, slaves 26k -> 27k; what the fewer loop passes
+  save is mostly the cost of waking and running cold, which instruction counts miss.
 - Left: the fixed cost of a wake-up itself (the node's request path, the dispatch pass
   that follows each put on master and slaves, two acks that arrive apart), per-write
   ``posix_fadvise`` in the slave's append (20 of its 33 µs) and the busy poll's CPU.
