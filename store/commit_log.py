@@ -367,6 +367,21 @@ class CommitLog:
                                                     position + codec.PHYSICAL_OFFSET_AT + 8], "big")
         return magic == codec.MESSAGE_MAGIC and physical_offset == offset
 
+    def boundary_at(self, offset: int) -> bool:
+        """Whether a record ends at ``offset`` as far as what follows says: a message record
+        or a blank one starts there, or it is the end of a segment or of the log. A record
+        whose own magic or offset field is damaged is still known by where its successor starts."""
+        if offset == self.max_offset:
+            return True
+        segment = self.segments.find(offset)
+        if segment is None or offset > self.max_offset:
+            return False
+        position = offset - segment.start_offset
+        if position == 0 or self.record_starts_at(offset):
+            return True
+        return position + 8 <= segment.size and \
+            int.from_bytes(segment.mm[position + 4:position + 8], "big") == codec.BLANK_MAGIC
+
     def store_timestamp_at(self, offset: int) -> int:
         """STORETIMESTAMP of the message at ``offset``, -1 if unreadable."""
         segment = self.segments.find(offset)

@@ -235,7 +235,10 @@ class Integrity:
             except StoreCorruptError as error:
                 if entry.physical_offset >= self.commit_log.max_offset:
                     break  # the cut zeroed the record after this read began: not damage
-                if not self.commit_log.record_starts_at(entry.physical_offset):
+                if not self.commit_log.record_starts_at(entry.physical_offset) and \
+                        not self.commit_log.boundary_at(entry.physical_offset + entry.size):
+                    # the entry names no record (a record whose own magic or offset field is
+                    # damaged still ends where its successor starts: that one is reported below)
                     result.damaged = f"entry {entry.queue_offset} points at {entry.physical_offset}, no record starts there"
                     return result
                 self._report(result, queue, entry, str(error))

@@ -50,7 +50,10 @@ def check_replacement(commit_log: CommitLog, offset: int, data) -> list[int]:
                 raise RepairError(f"record at {offset + position} of the replacement names offset {physical}")
         starts.append(offset + position)
         position += header.total_size
-    if not commit_log.record_starts_at(offset) and offset != segment.start_offset:
+    first_end = offset + codec.struct.unpack_from(">i", view, 0)[0]
+    if not commit_log.record_starts_at(offset) and offset != segment.start_offset \
+            and not commit_log.boundary_at(first_end):
+        # a local record whose magic or offset field is damaged is known by where the next starts
         raise RepairError(f"no local record starts at {offset}: the copy would not replace records in place")
     if end < commit_log.max_offset and end != segment.end_offset and not commit_log.record_starts_at(end):
         raise RepairError(f"no local record starts at {end}, where the copy ends")
