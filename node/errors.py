@@ -38,7 +38,13 @@ class NotMasterError(RequestError):
 
 
 class AuthError(NodeError):
-    """The HMAC challenge failed (wrong or missing secret)."""
+    """The HMAC challenge failed (wrong or missing secret). The node reads no request of a
+    connection before it authenticates, so every request on it surely took no effect."""
+
+
+class UnsentError(NodeError):
+    """A request that surely took no effect: it was never written whole, or the node closed
+    the connection saying it read no further request (busy, idle, shed). Safe to retry."""
 
 
 class ConnectionLostError(NodeError):

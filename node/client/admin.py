@@ -1,22 +1,71 @@
-"""Admin: topics, offsets, queries and status over one connection."""
+"""Admin: topics, offsets, queries and status over one connection.
+
+Reads (pull, queries, topic list, status) go to the node the Admin was opened on, slave or
+master. Writes (topic create, offset commits) that reach a slave come back NOT_MASTER,
+refused before anything was logged; with a nursery to connect in, the Admin follows the
+reply to the master it names (at most ``REDIRECTS_MAX`` hops) over a second connection it
+keeps for writes, so its reads stay where they were.
+"""
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+import trio
+
+from ..errors import ConnectionLostError, NotMasterError
 from ..wire.protocol import RequestCode
-from .connection import REQUEST_TIMEOUT_MS, Connection, open_connection
+from .connection import REQUEST_TIMEOUT_MS, Connection, connect, sole_error
 from .values import ReceivedMessage
+
+REDIRECTS_MAX = 3
 
 
 class Admin:
-    """Topics, offsets, queries and status over one Connection."""
+    """Topics, offsets, queries and status over one Connection.
 
-    def __init__(self, connection: Connection) -> None:
+    ``nursery`` and ``secret``: where and how to open a connection to the master when a
+    write comes back NOT_MASTER; without a nursery the NotMasterError is raised."""
+
+    def __init__(self, connection: Connection, *, nursery: trio.Nursery | None = None,
+                 secret: str | None = None) -> None:
         self.connection = connection
+        self._nursery = nursery
+        self._secret = secret
+        self._master: Connection | None = None   # writes go here once a NOT_MASTER named it
+
+    async def _write(self, code: RequestCode, **fields) -> dict:
+        """A write request, sent to the master (following NOT_MASTER replies)."""
+        for hop in range(REDIRECTS_MAX + 1):
+            master = self._master
+            connection = master if master is not None and not master.closed else self.connection
+            try:
+                return await connection.request(code, **fields)
+            except NotMasterError as error:
+                if hop == REDIRECTS_MAX or self._nursery is None or not error.master_address \
+                        or error.master_address == connection.address:
+                    raise
+                try:
+                    await self._use_master(error.master_address)
+                except ConnectionLostError as lost:
+                    raise NotMasterError(f"{error.message}; the master it names cannot be reached: {lost}",
+                                         error.master_address) from None
+        raise AssertionError("unreachable: the last hop returns or raises")
+
+    async def _use_master(self, address: str) -> None:
+        if self._master is not None:
+            await self._master.aclose()
+        self._master = None
+        self._master = await connect(address, self._nursery, secret=self._secret)
+
+    async def aclose(self) -> None:
+        """Close the write connection to the master, if one was opened (not ``connection``)."""
+        if self._master is not None:
+            await self._master.aclose()
+            self._master = None
 
     async def create_topic(self, topic: str, queue_count: int = 4) -> dict:
-        return await self.connection.request(RequestCode.TOPIC_CREATE, topic=topic, queue_count=queue_count)
+        return await self._write(RequestCode.TOPIC_CREATE, topic=topic, queue_count=queue_count)
 
     async def list_topics(self, include_system: bool = False) -> dict[str, dict]:
         reply = await self.connection.request(RequestCode.TOPIC_LIST, include_system=include_system)
@@ -52,7 +101,7 @@ class Admin:
         return ReceivedMessage.from_wire(reply["message"])
 
     async def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
-        await self.connection.request(RequestCode.COMMIT_OFFSETS, group=group, topic=topic, offsets=offsets)
+        await self._write(RequestCode.COMMIT_OFFSETS, group=group, topic=topic, offsets=offsets)
 
     async def query_offsets(self, group: str, topic: str) -> dict[int, int]:
         reply = await self.connection.request(RequestCode.QUERY_OFFSETS, group=group, topic=topic)
@@ -70,5 +119,16 @@ class Admin:
 
 @asynccontextmanager
 async def open_admin(address: str, *, secret: str | None = None):
-    async with open_connection(address, secret=secret) as connection:
-        yield Admin(connection)
+    """``async with open_admin(addr) as admin:`` an Admin on ``address`` that follows NOT_MASTER
+    for its writes; its connections are closed on exit."""
+    try:
+        async with trio.open_nursery() as nursery:
+            connection = await connect(address, nursery, secret=secret)
+            admin = Admin(connection, nursery=nursery, secret=secret)
+            try:
+                yield admin
+            finally:
+                await admin.aclose()
+                await connection.aclose()
+    except BaseExceptionGroup as group:
+        raise sole_error(group) from None

@@ -12,7 +12,7 @@ import trio
 
 from store.errors import exception_leaves
 
-from ..errors import AuthError, ConnectionLostError, FrameError, RequestTimeoutError
+from ..errors import AuthError, ConnectionLostError, FrameError, RequestTimeoutError, UnsentError
 from ..wire import protocol
 from ..wire.address import split_address
 from ..wire.auth import auth_digest
@@ -24,6 +24,7 @@ RECEIVE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_MS = 5_000
 REQUEST_TIMEOUT_MS = 30_000
 SEND_TIMEOUT_MS = 30_000    # to write one request frame (a node that stops reading)
+RETIRE_POLL_S = 0.005       # how often a connection closing after its last reply looks
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,8 @@ class Connection:
                 and self._idle_poll.poll(0):
             self._read_while_idle()
         if self.closed_error is not None:
+            if isinstance(self.closed_error, AuthError):
+                raise AuthError(str(self.closed_error))  # a new connection would be refused alike
             raise ConnectionLostError(f"connection to {self.address} is closed: {self.closed_error}")
         opaque = self._next_opaque
         self._next_opaque += 1
@@ -155,8 +158,13 @@ class Connection:
             if scope.cancelled_caught:
                 self._fail_all(ConnectionLostError(f"connection to {self.address}: a request could not be "
                                                    f"written within {SEND_TIMEOUT_MS} ms"))
+                # the node decodes only whole frames: one not written whole took no effect
+                pending.error = UnsentError(f"a request to {self.address} could not be written within "
+                                            f"{SEND_TIMEOUT_MS} ms; it took no effect")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
             self._fail_all(ConnectionLostError(f"connection to {self.address} lost while sending: {error}"))
+            pending.error = UnsentError(f"connection to {self.address} lost before a request was written whole "
+                                        f"({error}); it took no effect")
         finally:
             if locked:
                 self._send_lock.release()
@@ -180,6 +188,23 @@ class Connection:
     def forget(self, pending: _Pending) -> None:
         """Stop waiting for ``pending``'s reply (answered, timed out or given up)."""
         self._pending.pop(pending.opaque, None)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent whose reply is still awaited."""
+        return len(self._pending)
+
+    async def aclose_when_answered(self, timeout_ms: int = REQUEST_TIMEOUT_MS) -> None:
+        """Close once every request in flight is answered, or after ``timeout_ms``. A client
+        moving to another node (NOT_MASTER) lets the replies still coming on this connection
+        arrive, instead of turning requests that were refused anyway into unknown outcomes."""
+        # looked at every few ms: a retiring connection is rare and holds a few requests
+        try:
+            with trio.move_on_after(timeout_ms / 1000):
+                while self._pending and self.closed_error is None:
+                    await trio.sleep(RETIRE_POLL_S)
+        finally:
+            await self.aclose()
 
     async def request(self, code: RequestCode, reply_timeout_ms: int | None = REQUEST_TIMEOUT_MS, **fields) -> dict:
         """Send a request and wait for its SUCCESS reply (typed errors otherwise)."""
@@ -342,8 +367,13 @@ class Connection:
                 self._leader_scope.cancel()
 
     def _on_reply(self, reply: object) -> None:
-        if not isinstance(reply, dict):
-            raise FrameError("a reply is not a map")
+        if not isinstance(reply, dict) or type(reply.get("code")) is not int:
+            raise FrameError(not_a_client_port(self.address))
+        code = reply["code"]
+        if code in _AUTH_REFUSALS or (code == RequestCode.AUTH_CHALLENGE and "nonce" in reply):
+            # the node reads no request before authentication: none of this connection's took effect
+            self._fail_all(_auth_error(self.address, reply))
+            return
         opaque = reply.get("opaque")
         pending = self._pending.pop(opaque, None) if isinstance(opaque, int) else None
         if pending is not None:
@@ -351,9 +381,12 @@ class Connection:
             pending.event.set()   # a leader reading its own reply sees it when its read returns
             if pending.timeout_ms is not None:
                 self._drop_answered(pending.timeout_ms)
-        elif opaque is None and reply.get("code") != ResponseCode.SUCCESS:
-            # a connection-level error (bad frame, busy, auth): the node closes the connection
-            self._fail_all(error_from_reply(reply))
+        elif opaque is None and code != ResponseCode.SUCCESS:
+            # a connection-level error (bad frame, busy, idle, shed): the node closes the
+            # connection. With ``unread`` it says it read no request it has not answered.
+            error = error_from_reply(reply)
+            self._fail_all(UnsentError(f"{self.address} closed the connection before reading the requests still "
+                                       f"waiting ({error}); they took no effect") if reply.get("unread") else error)
 
     def _fail_all(self, error: Exception) -> None:
         if self.closed_error is None:
@@ -368,6 +401,22 @@ class Connection:
             self._scope.cancel()
         self._fail_all(ConnectionLostError("connection closed by the client"))
         await trio.aclose_forcefully(self.stream)
+
+
+_AUTH_REFUSALS = frozenset((int(ResponseCode.AUTH_REQUIRED), int(ResponseCode.AUTH_FAILED)))
+
+
+def not_a_client_port(address: str) -> str:
+    return (f"{address} does not speak hastore's client protocol: is it a node's client port (client_address), "
+            f"not its HA or metrics port?")
+
+
+def _auth_error(address: str, reply: dict) -> AuthError:
+    if reply.get("code") == RequestCode.AUTH_CHALLENGE:
+        return AuthError(f"{address} requires a secret: pass --secret or set HASTORE_SECRET (no request took "
+                         f"effect)")
+    return AuthError(f"{address} refused authentication: {reply.get('error', 'no reason given')} (no request took "
+                     f"effect); check --secret or HASTORE_SECRET")
 
 
 def sole_error(group: BaseExceptionGroup) -> BaseException:
@@ -423,13 +472,17 @@ async def _answer_challenge(stream, decoder: FrameDecoder, secret: str) -> None:
         return frames.pop(0)
 
     challenge = await next_frame()
+    if not isinstance(challenge, dict) or type(challenge.get("code")) is not int:
+        raise AuthError("the node's first frame is not a hastore auth challenge: is this a node's client port, "
+                        "not its HA or metrics port?")
     if challenge.get("code") != RequestCode.AUTH_CHALLENGE or not isinstance(challenge.get("nonce"), bytes):
         raise AuthError("the node sent no auth challenge (is a secret set on it?)")
     await stream.send_all(protocol.encode_frame({"code": int(RequestCode.AUTH), "opaque": 0,
                                                  "digest": auth_digest(secret, challenge["nonce"])}))
     answer = await next_frame()
     if answer.get("code") != ResponseCode.SUCCESS:
-        raise AuthError(f"authentication refused: {answer.get('error')}")
+        raise AuthError(f"authentication refused: {answer.get('error')}; check --secret or HASTORE_SECRET "
+                        f"(no request took effect)")
 
 
 @asynccontextmanager

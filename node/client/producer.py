@@ -10,7 +10,8 @@ import trio
 
 from store.errors import invariant
 
-from ..errors import ConnectionLostError, NotMasterError, RequestError, RequestTimeoutError, UnknownOutcomeError
+from ..errors import (AuthError, ConnectionLostError, NotMasterError, RequestError, RequestTimeoutError,
+                      UnknownOutcomeError, UnsentError)
 from ..wire import protocol
 from ..wire.protocol import RequestCode
 from .connection import REQUEST_TIMEOUT_MS, Connection, sole_error, connect
@@ -212,6 +213,9 @@ class Producer:
                 try:
                     connection = await self._current_connection()
                     pending = await connection.submit(RequestCode.SEND, topic=topic, result_columns=True, **wire)
+                except AuthError as error:
+                    self._fail(batch, error)   # a wrong or missing secret: no retry helps
+                    return
                 except ConnectionLostError as error:
                     if attempt == self.retries_max:
                         self._fail(batch, error)
@@ -223,6 +227,15 @@ class Producer:
                     self._closed_unsent -= 1
                 try:
                     reply = await pending.wait(self.request_timeout_ms)
+                except AuthError as error:
+                    self._fail(batch, error)   # the node read nothing before authentication
+                    return
+                except UnsentError as error:
+                    if attempt == self.retries_max:
+                        self._fail(batch, error)
+                        return
+                    await self._back_off(attempt)
+                    continue  # surely took no effect: safe to retry
                 except (ConnectionLostError, RequestTimeoutError) as error:
                     self._unknown_outcome(batch, connection.address, str(error))
                     return
@@ -251,10 +264,14 @@ class Producer:
             self._in_flight.release()
 
     async def _switch_to(self, address: str) -> None:
+        """Send from now on to ``address`` (the master a NOT_MASTER named). The old connection
+        closes once the requests still on it are answered (refused too, most likely, and
+        then retried here), so none of them becomes an unknown outcome."""
         async with self._connect_lock:
-            if self._connection is not None and self._connection.address != address:
-                await self._connection.aclose()
+            old = self._connection
+            if old is not None and old.address != address:
                 self._connection = None
+                self._nursery.start_soon(old.aclose_when_answered, self.request_timeout_ms)
             self.address = address
 
     async def _back_off(self, attempt: int) -> None:

@@ -183,6 +183,7 @@ class ClientServer:
             while not frames:
                 data = await stream.receive_some(RECEIVE_BYTES)
                 if not data:
+                    self.counts.auth_failures += 1  # left without answering (a client with no secret)
                     return None
                 try:
                     frames = decoder.feed_strict(data)
