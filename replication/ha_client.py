@@ -73,6 +73,7 @@ class HaClientSettings:
     read_timeout_ms: int = 10_000          # no frame (not even a heartbeat) for this long: reconnect
     backoff_min_ms: int = 100
     backoff_max_ms: int = 5_000
+    client_address: str = ""              # told to the master in the handshake (it repairs from it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +202,7 @@ class HAClient:
         epochs = self.epoch_file.entries
         await stream.send_all(Handshake(protocol.slave_proof(self.settings.secret, hello.nonce, nonce), nonce,
                                         self.settings.node_id, self.settings.group, self.settings.cluster, epochs,
-                                        store.min_offset, store.max_offset).encode())
+                                        store.min_offset, store.max_offset, self.settings.client_address).encode())
         return Welcome.decode(await reader.control(), self.settings.secret, hello.nonce, nonce)
 
     async def _resync(self, welcome: Welcome) -> None:

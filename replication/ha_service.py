@@ -144,6 +144,7 @@ class HAService:
         self._waiters: list[tuple[int, int, _Waiter]] = []
         self._sequence = itertools.count()
         self._sessions: dict[str, trio.CancelScope] = {}
+        self._client_addresses: dict[str, str] = {}   # slave node id -> client address (repairs)
         self._fenced: str | None = None
         self._connections = 0
         self._handshakes = self._refused = self._auth_failures = 0
@@ -283,6 +284,8 @@ class HAService:
             raise HaProtocolError(f"slave {handshake.node_id} acked {first_ack} first; its log must end at "
                                   f"{resync.offset}")
         node_id = handshake.node_id
+        if handshake.client_address:
+            self._client_addresses[node_id] = handshake.client_address
         previous = self._sessions.get(node_id)
         if previous is not None:
             previous.cancel()  # a reconnect replaces its half-open predecessor
@@ -468,6 +471,14 @@ class HAService:
                     f"{self.settings.sync.min_in_sync_replicas}"))
         self._advance_confirm()
         self._release_waiters()
+
+    def sync_state_client_addresses(self) -> list[str]:
+        """Client addresses of the sync-state set's other members (as their handshakes told
+        them), in-sync and connected ones first: where a corrupt record is fetched again."""
+        tracker = self.tracker
+        members = [node for node in sorted(tracker.sync_state_set) if node != self.settings.node_id]
+        members.sort(key=lambda node: not (node in tracker.replicas and tracker.replicas[node].connected))
+        return [self._client_addresses[node] for node in members if node in self._client_addresses]
 
     # --- statistics ----------------------------------------------------------------------
     def statistics(self) -> HaServiceStatistics:

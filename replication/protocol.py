@@ -177,12 +177,13 @@ class Handshake:
     epochs: list[EpochEntry]
     min_offset: int
     max_offset: int
+    client_address: str = ""    # where the master asks it for an intact copy of a record (repair)
 
     def encode(self) -> bytes:
         return encode_control({"type": "handshake", "v": PROTOCOL_VERSION, "proof": self.proof, "nonce": self.nonce,
                                "node_id": self.node_id, "group": self.group, "cluster": self.cluster,
                                "epochs": _wire_epochs(self.epochs), "min_offset": self.min_offset,
-                               "max_offset": self.max_offset})
+                               "max_offset": self.max_offset, "client_address": self.client_address})
 
     @staticmethod
     def authenticate(payload: dict, secret: str | None, master_nonce: bytes) -> bytes:
@@ -203,7 +204,8 @@ class Handshake:
         handshake = cls(payload["proof"], payload["nonce"], _field(payload, "node_id", str, "handshake"),
                         _field(payload, "group", str, "handshake"), _field(payload, "cluster", str, "handshake"),
                         _epochs_field(payload, "handshake"), _field(payload, "min_offset", int, "handshake"),
-                        _field(payload, "max_offset", int, "handshake"))
+                        _field(payload, "max_offset", int, "handshake"),
+                        payload.get("client_address") if isinstance(payload.get("client_address"), str) else "")
         if handshake.min_offset > handshake.max_offset:
             raise HaProtocolError("handshake.min_offset is past max_offset")
         return handshake

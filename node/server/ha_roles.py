@@ -274,7 +274,16 @@ class HaRuntime:
         return HaClientSettings(
             node_id=c.node_id, group=c.group, cluster=c.cluster, master_ha_address=master_ha_address,
             secret=c.secret, ack_interval_ms=c.ha_heartbeat_interval_ms, read_timeout_ms=c.ha_connection_timeout_ms,
-            backoff_max_ms=c.ha_reconnect_backoff_max_ms)
+            backoff_max_ms=c.ha_reconnect_backoff_max_ms, client_address=self.client_address)
+
+    def repair_peers(self) -> list[str]:
+        """Client addresses to fetch an intact copy of a corrupt record from (node/server/repair.py):
+        a slave its master, a master the other members of its sync-state set."""
+        state = self.role.state
+        if state.role is Role.MASTER:
+            return self.ha_service.sync_state_client_addresses() if self.ha_service is not None else []
+        address = state.master_client_address
+        return [address] if address and address != self.client_address else []
 
     # --- status --------------------------------------------------------------------------
     def status(self) -> dict:

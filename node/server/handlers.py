@@ -29,6 +29,8 @@ from store.errors import MessageNotFound, StoreClosedError, StoreCorruptError, S
 from ..wire import protocol
 from .config import NodeConfig
 from ..errors import NotMasterError, RequestError
+from .integrity import IntegrityGuard, corrupt_to_wire
+from .log_ranges import LogRangeHandlers
 from .metrics import NodeMetrics
 from ..wire.protocol import Fields, RequestCode
 from .role import RoleMachine
@@ -95,12 +97,16 @@ class RequestHandlers:
     def __init__(self, config: NodeConfig, store: MessageStore, role: RoleMachine, sys_config: SysConfig,
                  metrics: NodeMetrics, status_extra: Callable[[], dict] | None = None, *,
                  waiters: PullWaiters | None = None, replicas: HaRuntime | None = None,
-                 lag_history: Callable[[Fields], dict] | None = None) -> None:
+                 lag_history: Callable[[Fields], dict] | None = None, log_ranges: LogRangeHandlers | None = None,
+                 integrity: IntegrityGuard | None = None) -> None:
         """``status_extra``: more sections of a status reply (the node's transport, replication,
         controller). ``waiters``: the long polls' table, shared with whoever wakes them (a new
         one by default). ``replicas``: the node's replication runtime (node/server/ha_roles.py);
         None: no replication (bare handlers). ``lag_history``: answers LAG_HISTORY (the node's
-        lag sampler, node/server/lag_sampler.py); None: that code is not supported."""
+        lag sampler, node/server/lag_sampler.py); None: that code is not supported. ``log_ranges``:
+        answers READ_LOG_RANGE and LOG_RANGE_CRCS (node/server/log_ranges.py). ``integrity``: a
+        pull that meets corrupt records waits for their repair from a replica, then reads again
+        (node/server/integrity.py); records still corrupt are named in the reply's ``corrupt``."""
         self.config = config
         self.store = store
         self.role = role
@@ -114,6 +120,7 @@ class RequestHandlers:
         self._tally = metrics.tally
         self._sync_flush = config.flush == "sync"
         self.replicas = replicas
+        self.integrity = integrity
         # by the code's int value (not RequestCode(code)): an enum lookup by value costs
         # more than a dict lookup on every request
         self._table = {int(code): (code, handler) for code, handler in {
@@ -131,6 +138,9 @@ class RequestHandlers:
         }.items()}
         if lag_history is not None:
             self._table[int(RequestCode.LAG_HISTORY)] = (RequestCode.LAG_HISTORY, lag_history)
+        if log_ranges is not None:
+            self._table[int(RequestCode.READ_LOG_RANGE)] = (RequestCode.READ_LOG_RANGE, log_ranges.read_log_range)
+            self._table[int(RequestCode.LOG_RANGE_CRCS)] = (RequestCode.LOG_RANGE_CRCS, log_ranges.log_range_crcs)
 
     def statistics(self) -> HandlerStatistics:
         return HandlerStatistics(self._requests, self._errors, self.waiters.waiting)
@@ -386,7 +396,9 @@ class RequestHandlers:
         timeout_ms = f.int("timeout_ms", 0, 2**31 - 1, 0)
         timeout_ms = min(timeout_ms, self.config.long_polling_timeout_ms_max)
         fields = self._pull_once(topic, queue_id, offset, max_count, max_bytes)
-        if fields["messages"] or timeout_ms == 0 or fields["status"] not in (
+        if "corrupt" in fields and self.integrity is not None:
+            return self._repair_then_pull(fields, topic, queue_id, offset, max_count, max_bytes)
+        if fields["messages"] or "corrupt" in fields or timeout_ms == 0 or fields["status"] not in (
                 GetStatus.NO_NEW_MESSAGE.value, GetStatus.NO_MATCHED_LOGIC_QUEUE.value) \
                 or self.waiters.waiting >= LONG_POLLS_MAX:
             return fields
@@ -401,7 +413,10 @@ class RequestHandlers:
                         # seen here or wakes the event (the dispatcher checks for waiters)
                         event = self.waiters.event_for(topic, queue_id)
                         result = self._pull_once(topic, queue_id, offset, max_count, max_bytes)
-                        if result["messages"]:
+                        if "corrupt" in result and self.integrity is not None:
+                            return await self._repair_then_pull(result, topic, queue_id, offset, max_count,
+                                                                max_bytes)()
+                        if result["messages"] or "corrupt" in result:
                             return result
                         await event.wait()
                 return self._pull_once(topic, queue_id, offset, max_count, max_bytes)
@@ -419,8 +434,22 @@ class RequestHandlers:
         messages = [message_to_wire(message) for message in result.messages]
         self.metrics.pull_messages.inc(len(messages))
         self.metrics.pull_bytes.inc(sum(len(m.body) for m in result.messages))
-        return {"status": result.status.value, "messages": messages, "next_offset": result.next_offset,
-                "min_offset": result.min_offset, "max_offset": result.max_offset}
+        fields = {"status": result.status.value, "messages": messages, "next_offset": result.next_offset,
+                  "min_offset": result.min_offset, "max_offset": result.max_offset}
+        if result.corrupt:   # never skipped silently: each named by queue offset (the consumer raises it)
+            fields["corrupt"] = [corrupt_to_wire(record) for record in result.corrupt]
+        return fields
+
+    def _repair_then_pull(self, fields: dict, topic: str, queue_id: int, offset: int, max_count: int,
+                          max_bytes: int) -> Deferred:
+        """A pull that met corrupt records: repair them from a replica first (bounded), then
+        read again, so what was repaired is served and only what is still corrupt is named."""
+        offsets = [record["physical_offset"] for record in fields["corrupt"]]
+
+        async def repair_and_read() -> dict:
+            await self.integrity.repair_before_serving(offsets)
+            return self._pull_once(topic, queue_id, offset, max_count, max_bytes)
+        return repair_and_read
 
     # --- queries -------------------------------------------------------------------------
     def _check_readable(self) -> None:

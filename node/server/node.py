@@ -42,6 +42,9 @@ from .controller_mode import ControllerMode, Registration, agent_settings
 from .dispatch_loop import LoopCaller, idle_pass, serve_dispatch
 from .ha_roles import HaRuntime
 from .handlers import PullWaiters, RequestHandlers
+from .integrity import IntegrityCollector, IntegrityGuard, serve_integrity
+from .log_ranges import LogRangeHandlers
+from .repair import Repairer
 from .lag_sampler import LagJournal, LagSampler, serve_lag_sampler
 from .metrics import NodeMetrics, open_listeners, serve_metrics
 from .role import Role, RoleMachine
@@ -138,13 +141,18 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             metrics = NodeMetrics(config.node_id)
             metrics.watch_store(store)
             metrics.watch_replication(lag.replication_status)
+            # corrupt records repaired from a replica (a slave's master, a master's sync-state set)
+            integrity = IntegrityGuard(store, Repairer(store, ha.repair_peers, secret=config.secret))
+            metrics.registry.register(IntegrityCollector(config.node_id, integrity))
             counts = ConnectionCounts()
             busy_poll = BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher))
             status = StatusSources(client_address, ha_address, metrics_address, config.busy_poll_us, counts,
                                    busy_poll, replication=lag.replication_status,
-                                   controller=controller.status if controller is not None else None)
+                                   controller=controller.status if controller is not None else None,
+                                   integrity=integrity.status)
             handlers = RequestHandlers(config, store, role, sys_config, metrics, status, waiters=waiters, replicas=ha,
-                                       lag_history=lag.lag_history_reply)
+                                       lag_history=lag.lag_history_reply, log_ranges=LogRangeHandlers(store),
+                                       integrity=integrity)
             server = ClientServer(config, handlers, metrics, busy_poll, counts)
 
             def on_dispatch(dispatched_offset: int, grown_queues: set) -> None:
@@ -168,6 +176,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             await nursery.start(serve_clients, server, client_listeners)
             await nursery.start(serve_metrics, metrics_listeners, metrics)
             await nursery.start(serve_lag_sampler, lag)
+            await nursery.start(serve_integrity, integrity)
             nursery.start_soon(_persist_config_periodically, sys_config, config.config_persist_interval_ms)
             task_status.started(node)
     finally:
@@ -194,6 +203,7 @@ class StatusSources:
     busy_poll: BusyPoll
     replication: Callable[[], dict]
     controller: Callable[[], dict] | None
+    integrity: Callable[[], dict] | None = None    # scrub progress and repairs (node/server/integrity.py)
 
     def __call__(self) -> dict:
         polled = self.busy_poll.statistics()
@@ -202,7 +212,8 @@ class StatusSources:
                               "reads": polled.reads, "seconds": round(polled.seconds, 6)},
                 "client_address": self.client_address, "ha_address": self.ha_address,
                 "metrics_address": self.metrics_address, "replication": self.replication(),
-                "controller": self.controller() if self.controller is not None else None}
+                "controller": self.controller() if self.controller is not None else None,
+                "integrity": self.integrity() if self.integrity is not None else None}
 
 
 async def _take_static_role(node: Node) -> None:

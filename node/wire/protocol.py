@@ -59,6 +59,8 @@ class RequestCode(enum.IntEnum):
     TOPIC_LIST = 19
     STATUS = 20
     LAG_HISTORY = 21     # replication lag samples per slave since a time (node/server/lag_sampler.py)
+    READ_LOG_RANGE = 22  # CommitLog bytes from an offset, below the confirm offset (node/server/log_ranges.py)
+    LOG_RANGE_CRCS = 23  # CRC32 per fixed-size CommitLog range up to the confirm offset (cluster verify)
 
 
 class ResponseCode(enum.IntEnum):
@@ -79,6 +81,7 @@ class ResponseCode(enum.IntEnum):
     MESSAGE_NOT_FOUND = 14
     SERVICE_NOT_AVAILABLE = 15
     QUEUE_ILLEGAL = 16
+    RECORD_CORRUPT = 17        # the record asked for fails its CRCs here too (READ_LOG_RANGE)
 
 
 # --- framing -----------------------------------------------------------------------------
