@@ -44,6 +44,13 @@ log = logging.getLogger(__name__)
 CORRUPT_OFFSETS_KEPT = 64
 REBUILD_MARKER = ".rebuilding"     # in consumequeue/ or index/ while a rebuild runs          # the newest corrupt records named in statistics
 _ENTRY_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+# Start checks read every ConsumeQueue and index entry (their own files, cheap), but check
+# against the records in the log only the newest entries and an even sample of the rest:
+# following every entry into the log touches every record header of the store, a full
+# rescan (4 s -> 15 s at start for a 2 GiB store). Damage anywhere else is still found by a
+# read, which checks each entry against its record, and by the background scrub.
+START_CHECK_TAIL_ENTRIES = 4096
+START_CHECK_SAMPLE_ENTRIES = 4096
 assert _ENTRY_DTYPE.itemsize == ENTRY_BYTES
 
 
@@ -332,7 +339,7 @@ def queue_damage(commit_log: CommitLog, queue: ConsumeQueue) -> str:
     if len(real_offsets) > 1 and bool((real_offsets[1:] <= real_offsets[:-1]).any()):
         return "entries out of log order"
     numbers = np.arange(queue.min_offset, queue.min_offset + len(entries), dtype=np.int64)
-    keep = real & (offsets >= commit_log.min_offset)
+    keep = real & (offsets >= commit_log.min_offset) & _start_check_sample(len(entries))
     for segment in commit_log.segments.files:
         inside = keep & (offsets >= segment.start_offset) & (offsets < segment.end_offset)
         if not inside.any():
@@ -353,6 +360,17 @@ def queue_damage(commit_log: CommitLog, queue: ConsumeQueue) -> str:
             return (f"entry {int(numbers[inside][at])} points at {int(offsets[inside][at])}, "
                     "where its record is not")
     return ""
+
+
+def _start_check_sample(count: int) -> np.ndarray:
+    """Which of ``count`` entries a start check follows into the log: the newest
+    START_CHECK_TAIL_ENTRIES and START_CHECK_SAMPLE_ENTRIES spread evenly over the rest."""
+    chosen = np.zeros(count, bool)
+    chosen[max(0, count - START_CHECK_TAIL_ENTRIES):] = True
+    older = count - START_CHECK_TAIL_ENTRIES
+    if older > 0:
+        chosen[np.linspace(0, older - 1, min(older, START_CHECK_SAMPLE_ENTRIES)).astype(np.int64)] = True
+    return chosen
 
 
 def _gather(raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -413,7 +431,9 @@ def index_damage(commit_log: CommitLog, index_file) -> str:
         inside = (offsets >= max(segment.start_offset, commit_log.min_offset)) & (offsets < segment.end_offset)
         if not inside.any():
             continue
-        positions = np.unique(offsets[inside]) - segment.start_offset
+        positions = np.unique(offsets[inside & _start_check_sample(len(offsets))]) - segment.start_offset
+        if not len(positions):
+            continue
         if bool((positions + codec.BODY_LENGTH_AT > segment.size).any()):
             return f"{index_file.path}: an entry points at the end of a segment"
         raw = np.frombuffer(segment.mm, np.uint8)
