@@ -5,6 +5,7 @@
     hastore cluster kill g1-n1 --dir /tmp/c [--signal KILL|STOP|CONT|TERM|INT]
     hastore cluster restart g1-n1 --dir /tmp/c
     hastore cluster logs g1-n1 --dir /tmp/c
+    hastore cluster verify --dir /tmp/c [--json]              # the groups' CommitLogs compared (verify.py)
     hastore cluster down --dir /tmp/c
 
 The topology (cluster.yaml) lives in topology.py, process control in supervisor.py
@@ -405,3 +406,9 @@ def cluster_logs(node, directory, lines) -> None:
         click.echo(LocalCluster(directory).log_tail(node, lines))
     except ClusterError as error:
         raise _fail(error) from None
+
+
+# hastore cluster verify: the group's CommitLogs compared up to the confirm offset (verify.py)
+from .verify import verify_command  # noqa: E402  (verify.py imports the supervisor, not this module)
+
+cluster_group.add_command(verify_command)
