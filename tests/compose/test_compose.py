@@ -177,6 +177,20 @@ def test_every_client_and_ha_link_has_a_toxiproxy_proxy(compose, nodes, proxies)
     assert client_listens | {8474} == published, "publish the API and every client proxy, nothing else"
 
 
+def test_every_slave_dials_each_possible_master_through_its_own_ha_proxy(nodes, proxies):
+    listens = {proxy["name"]: proxy["listen"] for proxy in proxies}
+    for slave, master in itertools.permutations(nodes.values(), 2):
+        if slave.group != master.group:
+            continue
+        dialed = slave.peer_ha_addresses.get(master.ha_address)
+        assert dialed is not None, f"{slave.node_id} dials {master.node_id} directly"
+        assert _host(dialed) == "toxiproxy"
+        assert _port(dialed) == _port(listens[f"{slave.node_id}-to-{master.node_id}-ha"])
+    for config in nodes.values():
+        peers_in_group = {n.ha_address for n in nodes.values() if n.group == config.group and n is not config}
+        assert set(config.peer_ha_addresses) == peers_in_group
+
+
 def test_secret_is_set_and_the_same_in_every_node_config_and_the_env_file(compose, nodes):
     secrets = {config.secret for config in nodes.values()}
     assert len(secrets) == 1 and None not in secrets
