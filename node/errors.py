@@ -95,3 +95,19 @@ class GroupUnavailableError(RouteError):
     def __init__(self, message: str, group: str) -> None:
         super().__init__(message)
         self.group = group
+
+
+class CorruptRecordError(NodeError):
+    """A message the node could not serve intact: its record fails its CRCs on the node and
+    no replica gave an intact copy (yet). ``queue_offset`` and ``physical_offset`` name it;
+    the consumer has moved past it, so the caller decides: re-read it later (the node keeps
+    trying to repair it), take it from another replica, or record it as lost."""
+
+    def __init__(self, topic: str, queue_id: int, queue_offset: int, physical_offset: int, reason: str) -> None:
+        super().__init__(f"{topic}/{queue_id} queue offset {queue_offset} (commit log offset {physical_offset}) "
+                         f"is corrupt on the node and was not served: {reason}")
+        self.topic = topic
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.physical_offset = physical_offset
+        self.reason = reason

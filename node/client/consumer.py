@@ -1,4 +1,11 @@
-"""Consumer: pulls every queue of a topic, hands messages out in per-queue order, commits offsets."""
+"""Consumer: pulls every queue of a topic, hands messages out in per-queue order, commits offsets.
+
+A message the node could not serve intact (its record fails its CRCs there and no replica
+gave an intact copy in time) comes back in the pull reply's ``corrupt`` list, by queue
+offset. The consumer never skips it silently: ``receive`` raises CorruptRecordError for it,
+in its place in the queue's order, and the consumer's position moves past it (so the next
+``receive`` goes on with the queue). Every such error is also kept in ``corrupt``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from contextlib import asynccontextmanager
 import trio
 
 
-from ..errors import RequestError
+from ..errors import CorruptRecordError, RequestError
 from .admin import Admin, open_admin
 from .connection import sole_error
 from .values import ReceivedMessage
@@ -27,7 +34,9 @@ class Consumer:
         self.long_poll_ms = long_poll_ms
         self.positions: dict[int, int] = {}
         self._committed: dict[int, int] = {}
-        self._send, self._receive = trio.open_memory_channel[ReceivedMessage](buffer_messages_max)
+        self.corrupt: list[CorruptRecordError] = []     # every corrupt message handed out, oldest first
+        self._send, self._receive = trio.open_memory_channel[ReceivedMessage | CorruptRecordError](
+            buffer_messages_max)
 
     async def start_positions(self, from_beginning: bool, start_offsets: dict[int, int] | None) -> None:
         topics = await self.admin.list_topics()
@@ -50,22 +59,36 @@ class Consumer:
         """Pull one queue forever from ``offset`` into the consumer's buffer."""
         while True:
             reply = await self.admin.pull(self.topic, queue_id, offset, self.max_count, self.long_poll_ms)
-            for message in reply["messages"]:
-                await self._send.send(message)
-            if reply["status"] in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW") or reply["messages"]:
+            corrupt = reply.get("corrupt") or []
+            items = reply["messages"]
+            if corrupt:
+                items = sorted([*items, *(self._corrupt_item(queue_id, record) for record in corrupt)],
+                               key=lambda item: item.queue_offset)
+            for item in items:
+                await self._send.send(item)
+            if reply["status"] in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW") or reply["messages"] or corrupt:
                 offset = reply["next_offset"]
 
+    def _corrupt_item(self, queue_id: int, record: dict) -> CorruptRecordError:
+        return CorruptRecordError(self.topic, queue_id, record["queue_offset"], record["physical_offset"],
+                                  record.get("reason", ""))
+
+    def _hand_out(self, item: ReceivedMessage | CorruptRecordError) -> ReceivedMessage:
+        self.positions[item.queue_id] = item.queue_offset + 1
+        if isinstance(item, CorruptRecordError):
+            self.corrupt.append(item)
+            raise item
+        return item
+
     async def receive(self) -> ReceivedMessage:
-        """The next message of any queue (per-queue order kept)."""
-        message = await self._receive.receive()
-        self.positions[message.queue_id] = message.queue_offset + 1
-        return message
+        """The next message of any queue (per-queue order kept); CorruptRecordError for a
+        message the node could not serve intact (the position moves past it)."""
+        return self._hand_out(await self._receive.receive())
 
     def receive_nowait(self) -> ReceivedMessage:
-        """The next message already buffered; trio.WouldBlock when there is none."""
-        message = self._receive.receive_nowait()
-        self.positions[message.queue_id] = message.queue_offset + 1
-        return message
+        """The next message already buffered; trio.WouldBlock when there is none
+        (CorruptRecordError as ``receive``)."""
+        return self._hand_out(self._receive.receive_nowait())
 
     def __aiter__(self):
         return self
