@@ -160,11 +160,14 @@ class MappedFileQueue:
         self._preallocator: _Preallocator | None = None
         self._preallocate = preallocate
         self.repairs: list[str] = []   # what ``load`` repaired, for reports and ``store verify``
+        # (start offset, bytes it still held) of a truncated last file ``load`` extended with zeros
+        self.extended_last: tuple[int, int] | None = None
 
     # --- loading ------------------------------------------------------------------------
     def load(self) -> None:
         """Map every file in the directory, checking names, sizes and contiguity."""
         os.makedirs(self.directory, exist_ok=True)
+        self.extended_last = None
         starts = []
         for name in os.listdir(self.directory):
             start = parse_file_name(name)
@@ -235,6 +238,7 @@ class MappedFileQueue:
         finally:
             os.close(fd)
         self.repairs.append(f"extended truncated last file {path} from {actual} bytes")
+        self.extended_last = (parse_file_name(os.path.basename(path)), actual)
         return True
 
     def create_file(self, start_offset: int) -> MappedFile:

@@ -120,7 +120,10 @@ class MessageStore:
             self.recovery = recover(self.commit_log, self.queues, self.index, self.dispatcher, self.checkpoint,
                                     abnormal=abnormal,
                                     cut_offset=intent.offset if intent is not None and intent.kind == CUT else None)
-            self.integrity.repair_at_start(index_missing=self.index.directory_missing)
+            if self.integrity.repair_at_start(index_missing=self.index.directory_missing):
+                # recovery took each queue's next offset from the queues as it found them; a
+                # queue rebuilt since may end elsewhere: the next put follows the rebuilt one
+                self.commit_log.queue_offsets = {key: queue.max_offset for key, queue in self.queues.queues.items()}
             self.integrity.rebuild_configs(self.configs)
             self.flusher = FlushService(self.commit_log, self.dispatcher, self.checkpoint,
                                         sync=self.config.flush == "sync",

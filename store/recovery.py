@@ -6,7 +6,8 @@ The CommitLog is the truth. Recovery
    checkpoint is valid (bytes below F were fsynced before it was written, so only the
    tail after F can be torn); otherwise RocketMQ's rule: the start of the third-last
    segment. A scan start that lands on bytes that are no record (a checkpoint from some
-   other store) falls back to the start of its segment;
+   other store) falls back to the start of its segment, and so does one past the data of
+   a truncated last segment that load extended with zeros (the file lost bytes F counted);
 2. CRC-checks every record from there (BODYCRC and HCRC, every length) and cuts the log
    after the last whole valid message, zeroing the cut tail so it can never look valid;
 3. rolls ConsumeQueue and IndexFile back to R = min(D, end) (or to the scan start without
@@ -61,6 +62,14 @@ def recover(commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexServic
     else:
         first = max(0, len(files) - SEGMENTS_SCANNED_WITHOUT_CHECKPOINT)
         scan_start = files[first].start_offset if files else 0
+    extended = commit_log.segments.extended_last
+    if extended is not None and scan_start > extended[0] + extended[1]:
+        # the last segment lost its tail (load extended it with zeros) below the checkpoint's
+        # offsets: a scan from there would stop at once on the zeros and keep the torn record
+        # before them inside the log. Scan the segment from its start instead.
+        log.warning("checkpoint offset %d is past the %d bytes the truncated segment at %d still holds; "
+                    "scanning it from its start", scan_start, extended[1], extended[0])
+        scan_start = max(commit_log.min_offset, extended[0])
     if cut_offset is not None and files:
         cut_offset = max(cut_offset, commit_log.min_offset)
         scan_start = min(scan_start, cut_offset)

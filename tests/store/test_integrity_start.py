@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from store import Message, MessageStore
-from store_helpers import check_indexes_agree_with_log, make_config, pull_all, segment_files
+from store_helpers import CQ_ENTRY, check_indexes_agree_with_log, make_config, pull_all, segment_files
 
 SEGMENT = 4096
 
@@ -66,9 +66,9 @@ def test_short_never_written_last_segment_is_deleted(tmp_path):
         store.shutdown()
 
 
-def test_truncated_last_segment_with_data_keeps_its_whole_messages(tmp_path):
-    path = str(tmp_path / "s")
-    results = _fill(path, count=30)
+def _cut_through_last_message(path, results) -> str:
+    """Truncate the last written segment through the middle of its last message (and delete
+    the segments after it); return the segment's path."""
     last_written = max(r.physical_offset for r in results)
     holder = [p for p in segment_files(path) if int(os.path.basename(p)) <= last_written][-1]
     for name in segment_files(path):
@@ -76,9 +76,14 @@ def test_truncated_last_segment_with_data_keeps_its_whole_messages(tmp_path):
             os.unlink(name)
     start = int(os.path.basename(holder))
     in_segment = sorted(r for r in results if r.physical_offset >= start)
-    # cut through the middle of the last message of the segment
-    cut = in_segment[-1].physical_offset - start + 10
-    os.truncate(holder, cut)
+    os.truncate(holder, in_segment[-1].physical_offset - start + 10)
+    return holder
+
+
+def test_truncated_last_segment_with_data_keeps_its_whole_messages(tmp_path):
+    path = str(tmp_path / "s")
+    results = _fill(path, count=30)
+    holder = _cut_through_last_message(path, results)
     store = _reopen(path)
     try:
         assert os.path.getsize(holder) == SEGMENT
@@ -87,6 +92,68 @@ def test_truncated_last_segment_with_data_keeps_its_whole_messages(tmp_path):
         assert [m.body[:4] for m in pull_all(store, "T", 0)] == [b"m%03d" % i for i in range(survivors)]
         assert store.put(Message(topic="T", body=b"after")).queue_offset == survivors
         assert len(check_indexes_agree_with_log(store)) == survivors + 1
+    finally:
+        store.shutdown()
+
+
+def test_truncated_last_segment_below_the_checkpoint_is_scanned_from_its_start(tmp_path):
+    """The checkpoint was written after the last put (as the flush thread does when the puts
+    take longer than checkpoint_interval_ms), so its flushed and dispatched offsets count the
+    bytes the truncation then took: recovery must not start its scan on the zeros past them
+    and keep the torn message, its queue entry and its queue offset."""
+    path = str(tmp_path / "s")
+    store = MessageStore(make_config(path, commitlog_segment_bytes=SEGMENT, flush="sync"))
+    store.start()
+    results = store.put_batch([Message(topic="T", body=b"m%03d" % i + b"." * 300, keys=[f"k{i}"])
+                               for i in range(30)])
+    assert store.wait_dispatched()
+    store.flusher.flush_now()
+    written = store.flusher.write_checkpoint()
+    store.halt()
+    last = max(results, key=lambda r: r.physical_offset)
+    assert written.flushed_phy_offset == written.dispatched_phy_offset == last.end_offset
+    holder = _cut_through_last_message(path, results)
+    store = _reopen(path)
+    try:
+        assert store.recovery.end_offset == last.physical_offset
+        assert store.checkpoint.state.flushed_phy_offset <= last.physical_offset
+        assert not [r for r in store.integrity.repairs if "consume queue" in r]
+        assert os.path.getsize(holder) == SEGMENT
+        assert store.max_offset("T", 0) == 29
+        assert [m.body[:4] for m in pull_all(store, "T", 0)] == [b"m%03d" % i for i in range(29)]
+        after = store.put(Message(topic="T", body=b"after"))
+        assert (after.queue_offset, after.physical_offset) == (29, last.physical_offset)
+        assert store.wait_dispatched() and store.dispatcher.error is None
+        assert len(check_indexes_agree_with_log(store)) == 30
+    finally:
+        store.shutdown()
+
+
+def test_queue_rebuilt_at_start_gives_the_next_queue_offset(tmp_path):
+    """A ConsumeQueue that recovery keeps but the start-time check rebuilds shorter (here an
+    extra entry naming another queue's record, below the checkpoint): the next put takes
+    its queue offset from the rebuilt queue, not from the one recovery found."""
+    path = str(tmp_path / "s")
+    store = MessageStore(make_config(path, commitlog_segment_bytes=SEGMENT, flush="sync"))
+    store.start()
+    store.put_batch([Message(topic="T", body=b"q0-%d" % i) for i in range(10)])
+    other = store.put(Message(topic="T", queue_id=1, body=b"q1"))
+    assert store.wait_dispatched()
+    store.flusher.flush_now()
+    store.flusher.write_checkpoint()
+    store.halt()
+    queue_file = os.path.join(path, "consumequeue", "T", "0", f"{0:020d}")
+    with open(queue_file, "r+b") as handle:
+        handle.seek(10 * CQ_ENTRY.size)
+        handle.write(CQ_ENTRY.pack(other.physical_offset, other.wrote_bytes, 0))
+    store = _reopen(path)
+    try:
+        assert any("consume queue T/0 disagrees with the log" in r for r in store.integrity.repairs)
+        assert store.max_offset("T", 0) == 10
+        assert store.put(Message(topic="T", body=b"after")).queue_offset == 10
+        assert store.wait_dispatched() and store.dispatcher.error is None
+        assert [m.body for m in pull_all(store, "T", 0)][-1] == b"after"
+        assert len(check_indexes_agree_with_log(store)) == 12
     finally:
         store.shutdown()
 
