@@ -23,6 +23,7 @@ from store.errors import exception_leaves
 from . import OutgoingMessage, open_admin, open_consumer, open_producer, open_routed_consumer, open_routed_producer
 from .route_cli import routed_source
 from ..errors import NodeError, UnknownOutcomeError
+from ..wire.address import address_problem
 
 
 def bootstrap_option(command):
@@ -57,9 +58,19 @@ def bootstrap_option(command):
                          help="Use the local cluster in DIR (`hastore cluster up --dir DIR`): its master and "
                               "its secret, no address to look up (env HASTORE_CLUSTER_DIR)."),
             click.option("--bootstrap", default="127.0.0.1:10911", show_default=True, metavar="HOST:PORT",
-                         help="Client address of a node (any node: a slave's NOT_MASTER names the master).")):
+                         callback=_check_address,
+                         help="Client address of a node (any node: reads are served there, writes follow "
+                              "NOT_MASTER to the master).")):
         with_bootstrap = option(with_bootstrap)
     return with_bootstrap
+
+
+def _check_address(ctx, param, value: str | None) -> str | None:
+    """A --bootstrap that is not host:port is a usage error, named before anything connects."""
+    problem = address_problem(value) if value is not None else None
+    if problem is not None:
+        raise click.BadParameter(f"the address {problem} (e.g. 127.0.0.1:10911)")
+    return value
 
 
 def _master_from_zookeeper(zk_hosts: str, cluster: str, group: str) -> str:
@@ -195,6 +206,8 @@ def produce_command(bootstrap, bodies, topic, keys, tags, properties, count, siz
         click.echo(json.dumps(outcome))
     else:
         reason = f"; {outcome['error']}" if outcome.get("error") else ""
+        if outcome.get("unknown_reason"):
+            reason += f"; unknown: {outcome['unknown_reason']}"
         click.echo(f"\rsent {outcome['count']}: {outcome['ok']} ok, {outcome['failed']} failed, "
                    f"{outcome['unknown']} unknown outcome in {outcome['seconds']} s "
                    f"({outcome['msgs_per_s']} msgs/s) {outcome['statuses']}{reason}"
@@ -219,8 +232,9 @@ async def _produce(bootstrap, secret, topic, count, messages_of, batch, in_fligh
         async def send_range(first: int, last: int) -> None:
             try:
                 results = await producer.send_batch(topic, messages_of(first, last))
-            except UnknownOutcomeError:
+            except UnknownOutcomeError as error:
                 outcome["unknown"] += last - first
+                outcome["unknown_reason"] = str(error)
                 return
             except NodeError as error:
                 outcome["failed"] += last - first

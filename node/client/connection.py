@@ -12,9 +12,9 @@ import trio
 
 from store.errors import exception_leaves
 
-from ..errors import AuthError, ConnectionLostError, FrameError, RequestTimeoutError, UnsentError
+from ..errors import AuthError, ConnectionLostError, FrameError, NodeError, RequestTimeoutError, UnsentError
 from ..wire import protocol
-from ..wire.address import split_address
+from ..wire.address import address_problem, split_address
 from ..wire.auth import auth_digest
 from ..wire.protocol import FrameDecoder, RequestCode, ResponseCode
 from ..wire.socket_io import read_now, receive_some, write_now
@@ -107,6 +107,7 @@ class Connection:
         self._scope: trio.CancelScope | None = None
         self.closed_error: Exception | None = None
         self._caller_reads = self._background_reads = self._handovers = 0
+        self._spoke_protocol = False   # a well-formed reply came: the peer is a node's client port
 
     def statistics(self) -> ConnectionStatistics:
         return ConnectionStatistics(self._next_opaque - 1, self._caller_reads, self._background_reads,
@@ -297,9 +298,12 @@ class Connection:
         for reply in self._decoder.feed_strict(data):
             self._on_reply(reply)
 
-    def _lost_error(self, error: Exception) -> ConnectionLostError:
+    def _lost_error(self, error: Exception) -> NodeError:
         if isinstance(error, ConnectionLostError):
             return error
+        if isinstance(error, FrameError) and not self._spoke_protocol:
+            # garbage before any reply: not a hastore client port, which took none of the requests
+            return UnsentError(f"{not_a_client_port(self.address)} ({error})")
         if isinstance(error, FrameError):
             return ConnectionLostError(f"{self.address} sent a broken frame: {error}")
         return ConnectionLostError(f"connection to {self.address} lost: {error}")
@@ -368,7 +372,8 @@ class Connection:
 
     def _on_reply(self, reply: object) -> None:
         if not isinstance(reply, dict) or type(reply.get("code")) is not int:
-            raise FrameError(not_a_client_port(self.address))
+            raise FrameError("a reply without a code")
+        self._spoke_protocol = True
         code = reply["code"]
         if code in _AUTH_REFUSALS or (code == RequestCode.AUTH_CHALLENGE and "nonce" in reply):
             # the node reads no request before authentication: none of this connection's took effect
@@ -432,6 +437,9 @@ def sole_error(group: BaseExceptionGroup) -> BaseException:
 async def connect(address: str, nursery: trio.Nursery, *, secret: str | None = None,
                   connect_timeout_ms: int = CONNECT_TIMEOUT_MS) -> Connection:
     """Open a Connection whose reply reader runs in ``nursery``. ConnectionLostError if none."""
+    problem = address_problem(address)
+    if problem is not None:
+        raise ConnectionLostError(f"cannot connect to {address!r}: the address {problem}")
     host, port = split_address(address)
     try:
         with trio.fail_after(connect_timeout_ms / 1000):
