@@ -77,7 +77,7 @@ def read_state(path: str) -> dict | None:
 
 def write_state(path: str, state: dict) -> None:
     """Replace ``path`` with ``state`` atomically."""
-    write_atomically(path, json.dumps(state, indent=2) + "\n")
+    write_atomically(path, json.dumps(state, indent=2) + "\n", private=True)  # its topology holds the secret
 
 
 @contextlib.contextmanager
@@ -101,6 +101,7 @@ def write_atomically(path: str, text: str, private: bool = False) -> None:
     ``private``: a node config holding the cluster secret)."""
     temporary = f"{path}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    os.fchmod(fd, 0o600 if private else 0o644)  # a temporary file left behind keeps its old mode otherwise
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()

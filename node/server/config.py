@@ -47,7 +47,7 @@ class NodeConfig:
     flush: str = "async"                       # sync | async
     # When set, clients and slaves pass an HMAC challenge. Keep it out of the YAML with
     # secret_file or the HASTORE_SECRET environment variable (read by `hastore node start`).
-    secret: str | None = None
+    secret: str | None = field(default=None, repr=False)   # never in a repr, a log line or a status reply
     secret_file: str | None = None             # a file holding the secret (mode 0600), instead of secret
     # Client-facing bounds.
     connections_max: int = 1024                # at the limit the oldest idle or unauthenticated go first
