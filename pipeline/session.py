@@ -1,5 +1,5 @@
 """The Spark session the jobs and tests use: the venv's Python on the workers, loopback only,
-no web UI, Python filter pushdown on, and the pipeline's data sources registered.
+no web UI, Python filter pushdown on, and the pipeline's data sources (commitlog, hastore) registered.
 
     spark = pipeline.session.start_session("local[*]")      # or "spark://127.0.0.1:7077"
 """
@@ -45,6 +45,9 @@ def start_session(master: str = DEFAULT_MASTER, app_name: str = "hastore-pipelin
 
 
 def register_sources(spark) -> None:
-    """Register the pipeline's data sources with ``spark`` (today: ``commitlog``)."""
+    """Register the pipeline's data sources with ``spark``: ``commitlog`` (batch reads of store
+    directories) and ``hastore`` (a live group: streaming reads, batch and streaming writes)."""
     from .commitlog_source import CommitLogDataSource
+    from .stream_source import HastoreStreamDataSource
     spark.dataSource.register(CommitLogDataSource)
+    spark.dataSource.register(HastoreStreamDataSource)
