@@ -101,7 +101,8 @@ def segment_slices(store: StoreDir, segment: Segment, max_bytes: int) -> list[Se
         return [SegmentSlice(store, segment, 0, segment.file_bytes)]
     buffer = map_segment(segment.path)
     try:
-        cuts = record_cuts(buffer, len(buffer), max_bytes)
+        from .record_walk import record_cuts_fast
+        cuts = record_cuts_fast(buffer, len(buffer), max_bytes)
     finally:
         if isinstance(buffer, mmap.mmap):
             buffer.close()

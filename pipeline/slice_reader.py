@@ -11,8 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_decode import SliceInfo, bad_tail_batch, batch_ranges, decode_batch, scan_records
+from .arrow_decode import SliceInfo, bad_tail_batch, batch_ranges, decode_batch
 from .errors import CorruptLogError
+from .record_walk import scan_records_fast
 from .segments import Bounds, SegmentSlice, map_segment
 
 
@@ -23,7 +24,7 @@ def read_slice(piece: SegmentSlice, settings, columns: tuple[str, ...]) -> Itera
     buffer = map_segment(piece.segment.path)
     try:
         limit = len(buffer)
-        result = scan_records(buffer, piece.begin, min(piece.end, limit), limit, verify=settings.verify_crc)
+        result = scan_records_fast(buffer, piece.begin, min(piece.end, limit), limit, verify=settings.verify_crc)
         info = SliceInfo(piece.store.node, piece.store.group, piece.segment.name, piece.segment.start_offset)
         if settings.mode == "FAILFAST":
             _fail_fast(result, piece)
