@@ -20,6 +20,7 @@ import socket
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,7 +36,6 @@ HEADER_DTYPE = np.dtype([
     ("store_port", ">i4"), ("reconsume_times", ">i4"), ("prepared_offset", ">i8"), ("body_length", ">i4"),
 ])
 assert HEADER_DTYPE.itemsize == codec.HEADER.size == 88
-_HEADER_SPAN = np.arange(HEADER_DTYPE.itemsize, dtype=np.int64)
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 COLUMNS = (
@@ -267,7 +267,9 @@ def decode_batch(buffer, positions: np.ndarray, crc_ok: np.ndarray, info: SliceI
     ``columns``. Only the columns asked for are built."""
     data = np.frombuffer(buffer, dtype=np.uint8)
     count = len(positions)
-    header = data[positions[:, None] + _HEADER_SPAN].view(HEADER_DTYPE).reshape(count)
+    # rows of a sliding window: one 88-byte copy per record, no index per byte
+    header = sliding_window_view(data, HEADER_DTYPE.itemsize)[positions].view(HEADER_DTYPE).reshape(count) \
+        if count else np.zeros(0, dtype=HEADER_DTYPE)
     body_at = positions + HEADER_DTYPE.itemsize
     body_length = header["body_length"].astype(np.int64)
     topic_length_at = body_at + body_length

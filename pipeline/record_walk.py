@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from store import codec
 
@@ -52,16 +53,26 @@ def walk(buffer, begin: int, end: int, limit: int) -> tuple[list[int], list[int]
     return positions, sizes, position
 
 
+def _rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """``data[at[i]:at[i] + width]`` for every i, as an (n, width) array: rows of a sliding
+    window, one small copy per row instead of an index per byte."""
+    return sliding_window_view(data, width)[at]
+
+
+def _big_endian_i32(rows: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(rows).view(">i4").reshape(len(rows)).astype(np.int64)
+
+
 def lengths_hold(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                                         np.ndarray]:
     """Per record: whether its length fields add up to TOTALSIZE (as ``check_record``), and
     its body and properties lengths (meaningless where the first is false)."""
     count = len(positions)
     ends = positions + sizes
-    at = positions[:, None] + np.arange(codec.BODY_LENGTH_AT, codec.BODY_LENGTH_AT + 4)
-    body = data[at].astype(np.int64)
-    body_length = (body[:, 0] << 24) | (body[:, 1] << 16) | (body[:, 2] << 8) | body[:, 3]
-    body_length = np.where(body_length >= 2**31, body_length - 2**32, body_length)
+    if count == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=bool), empty, empty
+    body_length = _big_endian_i32(_rows(data, positions + codec.BODY_LENGTH_AT, 4))
     topic_at = positions + codec.HEADER.size + body_length
     ok = (body_length >= 0) & (topic_at + 1 <= ends)
     safe_topic_at = np.where(ok, topic_at, positions)
@@ -71,7 +82,7 @@ def lengths_hold(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> 
     safe_props_at = np.where(ok, props_at, positions)
     props_length = (data[safe_props_at].astype(np.int64) << 8) | data[safe_props_at + 1]
     ok &= safe_props_at + 2 + props_length == ends
-    return ok if count else np.zeros(0, dtype=bool), body_length, props_length
+    return ok, body_length, props_length
 
 
 def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, body_length: np.ndarray,
@@ -86,16 +97,17 @@ def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndar
     body_end = (positions + codec.HEADER.size + body_length).tolist()
     sealed_end = positions + sizes - codec.SEAL_PROPERTY_BYTES
     body_crcs = np.array([crc(view[a:b]) for a, b in zip(body_at, body_end)], dtype=np.int64) & 0x7FFFFFFF
-    stored_body = data[positions[:, None] + np.arange(8, 12)].astype(np.int64)
-    stored_body = (stored_body[:, 0] << 24) | (stored_body[:, 1] << 16) | (stored_body[:, 2] << 8) | stored_body[:, 3]
+    stored_body = _big_endian_i32(_rows(data, positions + 8, 4))
     ok = body_crcs == stored_body       # a stored negative value never matches a masked CRC, as in the codec
     # the seal: "__CRC32#\x01", ten digits least significant first, "\x02"
     has_seal = props_length >= codec.SEAL_PROPERTY_BYTES
     prefix_at = np.where(has_seal, sealed_end, positions)
-    has_seal &= (data[prefix_at[:, None] + np.arange(len(_SEAL_PREFIX))] == _SEAL_PREFIX).all(axis=1)
+    seal_rows = _rows(data, prefix_at, codec.SEAL_PROPERTY_BYTES)      # prefix, ten digits, closing byte
+    has_seal &= (seal_rows[:, :len(_SEAL_PREFIX)] == _SEAL_PREFIX).all(axis=1)
     sealed = np.flatnonzero(has_seal)
-    digits = data[sealed_end[sealed, None] + np.arange(len(_SEAL_PREFIX), len(_SEAL_PREFIX) + 10)].astype(np.int64) - 48
-    closing = data[sealed_end[sealed] + codec.SEAL_PROPERTY_BYTES - 1]
+    seal_rows = seal_rows[sealed]
+    digits = seal_rows[:, len(_SEAL_PREFIX):len(_SEAL_PREFIX) + 10].astype(np.int64) - 48
+    closing = seal_rows[:, -1]
     starts, stops = positions[sealed].tolist(), sealed_end[sealed].tolist()
     whole = np.array([crc(view[a:b]) for a, b in zip(starts, stops)], dtype=np.int64) & 0x7FFFFFFF
     seal_ok = ((digits >= 0) & (digits <= 9)).all(axis=1) & (closing == 2) & \
