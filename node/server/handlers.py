@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from itertools import chain
 from operator import attrgetter
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -23,7 +22,6 @@ import trio
 
 from replication.errors import ReplicaWaitError
 from store import GetStatus, Message, MessageStore, PlainBatch, PutResult, PutStatus
-from store.codec import StoredMessage
 from store.errors import MessageNotFound, StoreClosedError, StoreCorruptError, StoreError
 
 from ..wire import protocol
@@ -31,7 +29,10 @@ from .config import NodeConfig
 from ..errors import NotMasterError, RequestError
 from .integrity import IntegrityGuard, corrupt_to_wire
 from .log_ranges import LogRangeHandlers
+from .message_forms import (BODY_AND_PROPERTIES, check_message_columns, message_columns, message_to_wire,
+                            plain_properties)
 from .metrics import NodeMetrics
+from .pull_waiters import PullWaiters
 from ..wire.protocol import Fields, RequestCode
 from .role import RoleMachine
 from .sys_config import SysConfig
@@ -46,42 +47,6 @@ QUEUE_COUNT_MAX = 1024
 GROUP_BYTES_MAX = 255
 KEY_BYTES_MAX = 255
 LONG_POLLS_MAX = 10_000
-
-
-class PullWaiters:
-    """Long-polling pulls parked per queue, woken when the dispatcher grows that queue.
-
-    ``notify`` runs in trio's thread: the node's dispatch passes run there (dispatch_loop.py);
-    a pass on another thread hands it over with ``TrioToken.run_sync_soon``, which never
-    blocks that thread.
-    """
-
-    def __init__(self) -> None:
-        self._events: dict[tuple[str, int], trio.Event] = {}
-        self.waiting = 0
-
-    def event_for(self, topic: str, queue_id: int) -> trio.Event:
-        key = (topic, queue_id)
-        event = self._events.get(key)
-        if event is None:
-            event = self._events[key] = trio.Event()
-        return event
-
-    def any_waiting(self, queues) -> bool:
-        """Whether a long poll waits on one of ``queues``. Safe from another thread: it only
-        reads the table. A long poll parks before it looks at its queue, so a message
-        dispatched after that look finds the waiter here."""
-        events = self._events
-        return any(key in events for key in queues)
-
-    def notify(self, grown_queues) -> None:
-        for key in grown_queues:
-            event = self._events.pop(key, None)
-            if event is not None:
-                event.set()
-
-    def notify_all(self) -> None:
-        self.notify(list(self._events))
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,10 +177,10 @@ class RequestHandlers:
         if payload.get("message_columns") is not None:
             if payload.get("messages") is not None:
                 raise protocol.bad_request("a send carries messages or message_columns, not both")
-            bodies, properties = _message_columns(payload["message_columns"])
+            bodies, properties = message_columns(payload["message_columns"])
             columns = f.bool("result_columns", False)
             queue_count = self._writable_queue_count(topic)
-            _check_message_columns(bodies, properties)
+            check_message_columns(bodies, properties)
             queue_ids = self._next_queue_ids(topic, len(bodies), queue_count)
 
             def append():
@@ -349,13 +314,13 @@ class RequestHandlers:
         any is not, and nothing assigned (``_message`` then checks each and names the
         faulty one)."""
         body_bytes_max = protocol.BODY_BYTES_MAX
-        allowed = _BODY_AND_PROPERTIES
+        allowed = BODY_AND_PROPERTIES
         for raw in raw_messages:
             if type(raw) is not dict:
                 return None
             body = raw.get("body")
             if type(body) is not bytes or len(body) > body_bytes_max or not raw.keys() <= allowed \
-                    or not _plain_properties(raw.get("properties")):
+                    or not plain_properties(raw.get("properties")):
                 return None
         queue_ids = self._next_queue_ids(topic, len(raw_messages), queue_count)
         # positional: topic, body, queue_id, keys, tags, properties (keyword arguments cost more)
@@ -575,7 +540,6 @@ class RequestHandlers:
                 "long_polls_waiting": self.waiters.waiting, **self.status_extra()}
 
 
-_BODY_AND_PROPERTIES = frozenset(("body", "properties"))
 _PUT_OK = PutStatus.PUT_OK  # a module global: enum member lookups through the class cost on the hot path
 # a PutResult's fields, read by C-level maps over a batch's results
 _STATUS, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _MESSAGE_ID, _WROTE_BYTES = (
@@ -590,70 +554,5 @@ _REPLICA_FAILURE_REASONS = {
 }
 
 
-def _message_columns(value: object) -> tuple[list, list]:
-    """The ``body`` and ``properties`` lists of a send's ``message_columns`` (properties
-    ``[{}, ...]`` when absent), their shape checked."""
-    if type(value) is not dict or not value.keys() <= _BODY_AND_PROPERTIES:
-        raise protocol.bad_request("field message_columns must be a map of the lists body and properties")
-    bodies = value.get("body")
-    if type(bodies) is not list or not 1 <= len(bodies) <= protocol.BATCH_COUNT_MAX:
-        raise protocol.bad_request(f"field message_columns.body must be a list of 1 to {protocol.BATCH_COUNT_MAX} "
-                                   "bodies")
-    properties = value.get("properties")
-    if properties is None:
-        return bodies, [{}] * len(bodies)  # never changed by the store: one map serves them all
-    if type(properties) is not list or len(properties) != len(bodies):
-        raise protocol.bad_request("field message_columns.properties must be a list as long as body")
-    return bodies, properties
-
-
-def _check_message_columns(bodies: list, properties: list) -> None:
-    """Check every message as the ``messages`` form does (the same refusals), column by
-    column; the faulty message is looked for only once one is known to be there."""
-    if set(map(type, bodies)) != {bytes}:
-        index = next(i for i, body in enumerate(bodies) if type(body) is not bytes)
-        raise protocol.bad_request(f"field message_columns.body[{index}] must be binary, "
-                                   f"not {type(bodies[index]).__name__}")
-    if max(map(len, bodies)) > protocol.BODY_BYTES_MAX:
-        index = next(i for i, body in enumerate(bodies) if len(body) > protocol.BODY_BYTES_MAX)
-        raise RequestError("BODY_TOO_LARGE", f"field message_columns.body[{index}] is {len(bodies[index])} bytes, "
-                                             f"over the {protocol.BODY_BYTES_MAX} byte limit")
-    if set(map(type, properties)) <= _DICT and max(map(len, properties)) <= _PROPERTIES_MAX \
-            and set(map(type, chain.from_iterable(properties))) <= _STR \
-            and set(map(type, chain.from_iterable(map(dict.values, properties)))) <= _STR:
-        return
-    for index, item in enumerate(properties):
-        if not _plain_properties(item) or item is None:
-            Fields({"properties": item}, prefix=f"message_columns[{index}].").str_map("properties")
-            raise protocol.bad_request(f"field message_columns.properties[{index}] must be a map of strings")
-
-
-_DICT = frozenset((dict,))
-_STR = frozenset((str,))
-_PROPERTIES_MAX = 256
-
-
-def _plain_properties(properties: object) -> bool:
-    """None, or a map of at most 256 strings to strings (what Fields.str_map accepts)."""
-    if properties is None:
-        return True
-    if type(properties) is not dict or len(properties) > 256:
-        return False
-    for key, value in properties.items():
-        if type(key) is not str or type(value) is not str:
-            return False
-    return True
-
-
 def _topic_change(topic: str, queue_count: int) -> dict:
     return {"type": "topic", "topic": topic, "queue_count": queue_count, "perm": 6}
-
-
-def message_to_wire(message: StoredMessage) -> dict:
-    """A stored message as a reply carries it."""
-    return {"topic": message.topic, "queue_id": message.queue_id, "queue_offset": message.queue_offset,
-            "physical_offset": message.physical_offset, "message_id": message.message_id,
-            "body": message.body, "properties": message.user_properties, "flag": message.flag,
-            "born_timestamp": message.born_timestamp, "store_timestamp": message.store_timestamp,
-            "born_host": message.born_host, "store_host": message.store_host,
-            "reconsume_times": message.reconsume_times}

@@ -12,7 +12,6 @@ connection that held many bytes closes. Elsewhere than glibc both do nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger(__name__)
@@ -26,7 +25,9 @@ def _glibc():
     global _libc
     if _libc is None:
         try:
-            library = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            # the symbols already loaded in this process (libc among them): find_library would
+            # run ldconfig in a subprocess on the first large reply
+            library = ctypes.CDLL(None)
             library.mallopt  # noqa: B018 - only glibc has both
             library.malloc_trim
             _libc = library

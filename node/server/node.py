@@ -41,7 +41,8 @@ from .config import NodeConfig
 from .controller_mode import ControllerMode, Registration, agent_settings
 from .dispatch_loop import LoopCaller, idle_pass, serve_dispatch
 from .ha_roles import HaRuntime
-from .handlers import PullWaiters, RequestHandlers
+from .handlers import RequestHandlers
+from .pull_waiters import PullWaiters
 from .integrity import IntegrityCollector, IntegrityGuard, serve_integrity
 from .log_ranges import LogRangeHandlers
 from .repair import Repairer

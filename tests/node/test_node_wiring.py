@@ -14,7 +14,7 @@ from node.server.busy_poll import BusyPoll
 from node.server.connections import ConnectionCounts
 from node.server.controller_mode import AgentBridge, ControllerMode, Registration
 from node.server.ha_roles import HaRuntime
-from node.server.handlers import PullWaiters
+from node.server.pull_waiters import PullWaiters
 from node.server.node import StatusSources
 from node.server.role import Role, RoleMachine
 from node.server.sys_config import SysConfig
