@@ -10,7 +10,9 @@ in one local Spark session:
 - exports the store once with ``hastore pipeline export`` (Parquet, by topic and date) and
   runs the same two queries over that Parquet;
 
-and prints rows/s, MB/s and the ratios commitlog / Parquet. Each figure is the best of
+and prints rows/s, MB/s and the ratios commitlog / Parquet. Then, in the same session, the
+streaming end-to-end latency of the ``hastore`` source with a 100 ms trigger (produce to
+micro-batch output, p50/p99; pipeline.bench_stream, a local 3-node cluster). Each figure is the best of
 ``--runs`` runs (the machine is shared; the best is the least disturbed). The issue's target:
 the commitlog scan without bodies reaches 0.5x the Parquet scan.
 """
@@ -120,7 +122,10 @@ def measure(spark, store_path: str, export_path: str, count: int, runs: int) -> 
 @click.option("--runs", default=2, show_default=True, type=click.IntRange(1, 10), help="Runs per figure (best kept).")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--dir", "directory", default=None, help="Where to build the store (default: a temporary directory).")
-def bench_pipeline_command(as_json: bool, count: int, runs: int, master: str, directory: str | None) -> None:
+@click.option("--stream-messages", default=300, show_default=True, type=click.IntRange(0, 100_000),
+              help="Messages for the streaming latency figure (a local cluster; 0 skips it).")
+def bench_pipeline_command(as_json: bool, count: int, runs: int, master: str, directory: str | None,
+                           stream_messages: int) -> None:
     """The commitlog data source against Spark's Parquet scan of the same rows (rows/s, MB/s, ratios)."""
     from .session import start_session
     root = directory or tempfile.mkdtemp(prefix="hastore-bench-pipeline-")
@@ -130,6 +135,9 @@ def bench_pipeline_command(as_json: bool, count: int, runs: int, master: str, di
         try:
             result = {"store": built, "master": master, "cores": os.cpu_count(), "runs": runs,
                       **measure(spark, os.path.join(root, "store"), os.path.join(root, "export"), count, runs)}
+            if stream_messages:
+                from .bench_stream import measure_stream_latency
+                result["streaming_latency"] = measure_stream_latency(spark, stream_messages)
         finally:
             spark.stop()
     finally:
