@@ -13,6 +13,13 @@ and may leave in any order. A broken frame gets an error reply, written after ev
 queued before it, and the connection closes; a peer that vanishes only ends its own
 connection. Before a reader waits for its next request through trio, it busy-polls its
 socket for up to ``busy_poll_us`` while nothing else needs the loop (busy_poll.py).
+
+Bounds (client_limits.py): every reply built and not yet written, and every partial
+frame, is held against the connection's bound and the node's total; a connection past its
+bound reads no further request until its replies leave (backpressure on a client that does
+not read), past the total the connection holding the most is closed. Before authentication
+a frame is at most ``unauthenticated_frame_bytes_max``. Idle connections are closed, and at
+the connection limit a new connection takes the place of one that is idle or unauthenticated.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import trio
 from ..wire import protocol
 from ..wire.auth import auth_digest
 from .busy_poll import BusyPoll
+from .client_limits import ClientLimits, ClientLimitsStatistics, ConnectionState
 from .config import NodeConfig
 from ..errors import FrameError
 from .handlers import RequestHandlers
@@ -37,6 +45,8 @@ from ..wire.socket_io import receive_some, write_now
 log = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 256 * 1024
+NOTICE_TIMEOUT_S = 1         # to tell a connection closed from outside (idle, shed) why
+JOIN_BYTES_MAX = 1024 * 1024   # replies of one read are joined into one write up to this size
 WRITE_BATCH_FRAMES_MAX = 256
 NONCE_BYTES = 32
 
@@ -74,6 +84,10 @@ class ClientServer:
         self.metrics = metrics
         self.busy_poll = busy_poll or BusyPoll(0)
         self.counts = counts if counts is not None else ConnectionCounts()
+        self.limits = ClientLimits(connections_max=config.connections_max,
+                                   connection_reply_bytes_max=config.connection_reply_bytes_max,
+                                   client_buffer_bytes_max=config.client_buffer_bytes_max,
+                                   idle_timeout_ms=config.idle_timeout_ms)
 
     def statistics(self) -> ServerStatistics:
         polled = self.busy_poll.statistics()
@@ -81,42 +95,61 @@ class ClientServer:
         return ServerStatistics(counts.open, counts.accepted, counts.refused, counts.frame_errors,
                                 counts.auth_failures, polled.reads, polled.seconds)
 
+    def limits_statistics(self) -> ClientLimitsStatistics:
+        """Bytes held for clients, readers paused, connections closed idle, shed or for memory."""
+        return self.limits.statistics()
+
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it closes; never raises for anything the peer does."""
         counts = self.counts
-        if counts.open >= self.config.connections_max:
+        scope = trio.CancelScope()
+        state = self.limits.open(stream, scope, authenticated=self.config.secret is None)
+        if state is None:
             counts.refused += 1
             await _send_and_close(stream, protocol.error_reply(
-                None, ResponseCode.SYSTEM_BUSY, f"the node holds {counts.open} connections, its limit"))
+                None, ResponseCode.SYSTEM_BUSY, f"the node holds {self.config.connections_max} connections, its "
+                f"limit, and every one is working; try again later", unread=True))
             return
         counts.open += 1
         counts.accepted += 1
         self.metrics.connections.inc()
         self.metrics.connections_total.inc()
         try:
-            await self._serve(stream)
+            with scope:
+                await self._serve(stream, state)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer went away during auth: nothing of it to keep
         except Exception:  # a bug in this node: it ends this connection, never the node
             log.exception("connection failed")
         finally:
+            self.limits.forget(state)
+            if state.notice is not None:
+                await _send_and_close(stream, state.notice, timeout_s=NOTICE_TIMEOUT_S)
             counts.open -= 1
             self.metrics.connections.dec()
             await trio.aclose_forcefully(stream)
 
-    async def _serve(self, stream: trio.abc.Stream) -> None:
-        decoder = FrameDecoder()
+    async def _serve(self, stream: trio.abc.Stream, state: ConnectionState) -> None:
         early_frames: list = []
         if self.config.secret is not None:
+            # before authentication only a small frame: a stranger holds little of this node
+            decoder = FrameDecoder(self.config.unauthenticated_frame_bytes_max)
             early_frames = await self._authenticate(stream, decoder)
             if early_frames is None:
                 return
-        writer = ReplyWriter(stream, self.config.in_flight_requests_max)
+            decoder.frame_bytes_max = protocol.FRAME_BYTES_MAX
+            state.authenticated = True
+            state.requests += 1   # AUTH
+        else:
+            decoder = FrameDecoder()
+        writer = ReplyWriter(stream, self.config.in_flight_requests_max, self.limits, state)
+        state.writer_busy = writer.busy
         in_flight = trio.Semaphore(self.config.in_flight_requests_max)
         async with trio.open_nursery() as connection:
             connection.start_soon(writer.run, connection.cancel_scope)
             async with trio.open_nursery() as deferred:
-                ending = await self._read_requests(stream, decoder, early_frames, writer, in_flight, deferred)
+                ending = await self._read_requests(stream, decoder, early_frames, writer, in_flight, deferred,
+                                                   state)
                 if ending == "gone":
                     connection.cancel_scope.cancel()
                 elif ending == "broken":
@@ -125,30 +158,46 @@ class ClientServer:
             writer.close()
 
     async def _read_requests(self, stream, decoder: FrameDecoder, frames: list, writer: ReplyWriter,
-                             in_flight: trio.Semaphore, deferred: trio.Nursery) -> str:
+                             in_flight: trio.Semaphore, deferred: trio.Nursery, state: ConnectionState) -> str:
         """Hand frames to the handlers until the peer closes ("eof"), vanishes ("gone") or
-        breaks the framing ("broken")."""
+        breaks the framing ("broken"). While the connection holds more reply bytes than its
+        bound (its client does not read), no further frame is handed over."""
         dispatch = self.handlers.dispatch
+        limits = self.limits
         polling = self.busy_poll.reader(stream) if self.busy_poll.enabled and type(stream) is trio.SocketStream \
             else None
         while True:
             replies = []
+            replies_bytes = 0
+            state.requests += len(frames)
             for payload in frames:
+                if replies_bytes and (replies_bytes >= JOIN_BYTES_MAX or limits.over_bound(state)):
+                    try:
+                        await self._write_replies(writer, replies)   # blocks while the client does not read
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        return "gone"
+                    replies, replies_bytes = [], 0
+                if limits.over_bound(state):
+                    await limits.wait_for_room(state)
                 outcome = dispatch(payload)
                 if type(outcome) is dict:
-                    replies.append(_encode_reply(outcome))
+                    reply = _encode_reply(outcome)
+                    limits.hold(state, len(reply))
+                    replies.append(reply)
+                    replies_bytes += len(reply)
                 else:
                     await in_flight.acquire()
-                    deferred.start_soon(self._run_deferred, outcome, writer, in_flight)
+                    deferred.start_soon(self._run_deferred, outcome, writer, in_flight, state)
             try:
                 if replies:
-                    await writer.write(replies[0] if len(replies) == 1 else b"".join(replies))
+                    await self._write_replies(writer, replies)
                 if decoder.error is not None:
                     self.counts.frame_errors += 1
                     code = ResponseCode.FRAME_TOO_LARGE if isinstance(decoder.error, protocol.FrameTooLarge) \
                         else ResponseCode.BAD_FRAME
-                    await writer.write_last(protocol.encode_frame(protocol.error_reply(None, code,
-                                                                                       str(decoder.error))))
+                    last = protocol.encode_frame(protocol.error_reply(None, code, str(decoder.error)))
+                    limits.hold(state, len(last))
+                    await writer.write_last(last)
                     return "broken"
                 if polling is not None:
                     data = await polling.receive(RECEIVE_BYTES)
@@ -158,15 +207,31 @@ class ClientServer:
                 return "gone"  # the peer is gone (or the writer stopped because it is)
             if not data:
                 return "eof"
+            state.last_active = trio.current_time()
             frames = decoder.feed(data)
+            if decoder.buffered_bytes != state.partial_bytes:
+                limits.partial_frame(state, decoder.buffered_bytes)
 
-    async def _run_deferred(self, deferred, writer: ReplyWriter, in_flight: trio.Semaphore) -> None:
+    @staticmethod
+    async def _write_replies(writer: ReplyWriter, replies: list[bytes]) -> None:
+        if len(replies) == 1:
+            await writer.write(replies[0])
+        else:
+            await writer.write(b"".join(replies))
+
+    async def _run_deferred(self, deferred, writer: ReplyWriter, in_flight: trio.Semaphore,
+                            state: ConnectionState) -> None:
+        state.in_progress += 1
         try:
             reply = await deferred()
         finally:
             in_flight.release()
+            state.in_progress -= 1
+        encoded = _encode_reply(reply)
+        self.limits.hold(state, len(encoded))
         try:
-            await writer.write(_encode_reply(reply))
+            await self.limits.wait_for_room(state, own_bytes=len(encoded))
+            await writer.write(encoded)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the reader sees the peer gone too and ends the connection
 
@@ -219,10 +284,24 @@ class ReplyWriter:
     bounded queue that ``run`` (the writer task) drains, joining what is queued into one
     write. One write at a time, whoever makes it."""
 
-    def __init__(self, stream: trio.abc.Stream, queued_max: int) -> None:
+    def __init__(self, stream: trio.abc.Stream, queued_max: int, limits: ClientLimits | None = None,
+                 state: ConnectionState | None = None) -> None:
+        """``limits`` and ``state``: the bytes handed to ``write`` were held there by the
+        caller; they are released once written."""
         self.stream = stream
         self._writing = trio.Lock()
         self._queue_in, self._queue_out = trio.open_memory_channel[bytes](queued_max)
+        self._limits = limits
+        self._state = state
+
+    def busy(self) -> bool:
+        """A write is under way or queued (a notice written now could cut into a reply)."""
+        return self._writing.locked() or self._queue_out.statistics().current_buffer_used > 0
+
+    def _written(self, count: int) -> None:
+        if self._limits is not None:
+            self._limits.release(self._state, count)
+            self._state.last_active = trio.current_time()
 
     async def write(self, data: bytes) -> None:
         """Write ``data`` now if no write is under way, else queue it (waiting while the queue
@@ -239,6 +318,7 @@ class ReplyWriter:
             sent = write_now(self.stream, data)
             if sent < len(data):
                 await self.stream.send_all(memoryview(data)[sent:] if sent else data)
+            self._written(len(data))
         finally:
             self._writing.release()
 
@@ -261,8 +341,12 @@ class ReplyWriter:
                             batch.append(self._queue_out.receive_nowait())
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
+                    data = batch[0] if len(batch) == 1 else b"".join(batch)
+                    del batch
                     async with self._writing:
-                        await self.stream.send_all(b"".join(batch))
+                        await self.stream.send_all(data)
+                    self._written(len(data))
+                    del data
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 connection_scope.cancel()  # cannot answer any more: stop reading too
 
@@ -274,15 +358,18 @@ def _encode_reply(reply: dict) -> bytes:
         return protocol.encode_frame(protocol.error_reply(reply.get("opaque"), ResponseCode.SYSTEM_ERROR, str(error)))
 
 
-async def _send_and_close(stream, reply: dict) -> None:
+async def _send_and_close(stream, reply: dict | bytes, timeout_s: float = 5) -> None:
     try:
-        with trio.move_on_after(5):
-            await stream.send_all(protocol.encode_frame(reply))
+        with trio.move_on_after(timeout_s):
+            await stream.send_all(reply if type(reply) is bytes else protocol.encode_frame(reply))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     await trio.aclose_forcefully(stream)
 
 
 async def serve_clients(server: ClientServer, listeners: list, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Accept connections on ``listeners`` and serve each until the caller cancels."""
-    await trio.serve_listeners(server.handle_connection, listeners, task_status=task_status)
+    """Accept connections on ``listeners`` and serve each until the caller cancels; idle
+    connections are closed meanwhile (client_limits.py)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.limits.reap_forever)
+        await trio.serve_listeners(server.handle_connection, listeners, task_status=task_status)

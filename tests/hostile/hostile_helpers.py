@@ -64,6 +64,16 @@ class NodeProcess:
                     return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS in /proc status")
 
+    def memory_status(self) -> dict[str, int]:
+        """VmRSS, RssAnon, RssFile and VmHWM in bytes, from /proc."""
+        found = {}
+        with open(f"/proc/{self.pid}/status") as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+                    found[name] = int(value.split()[0]) * 1024
+        return found
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
