@@ -50,7 +50,7 @@ from .lag_sampler import LagJournal, LagSampler, serve_lag_sampler
 from .metrics import NodeMetrics, open_listeners, serve_metrics
 from .role import Role, RoleMachine
 from .connections import ClientServer, ConnectionCounts, serve_clients
-from .sys_config import SysConfig
+from .sys_config import SYS_CONFIG_QUEUE, SysConfig
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,8 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
                 # store method run with to_thread) hands over without blocking that thread
                 if grown_queues and waiters.any_waiting(grown_queues):
                     in_loop.call(waiters.notify, grown_queues)
+                if SYS_CONFIG_QUEUE in grown_queues:  # a slave applies config records as they replicate in
+                    in_loop.call(sys_config.catch_up_soon)
 
             listener = on_dispatch
             store.add_dispatch_listener(on_dispatch)

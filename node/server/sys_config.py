@@ -10,6 +10,10 @@ queue. Records are absolute ("queue 3 of T@G is at 120", "topic T has 8 queues")
 replaying one twice is harmless and replaying them in log order always ends at the newest
 state.
 
+A slave applies the records as they replicate in (``catch_up``, called once a dispatch
+pass grows the %SYS%CONFIG queue), so its topics, subscription groups and consumer
+offsets are current for reads served on it, not only once it is promoted.
+
 Records::
 
     {"type": "topic", "topic": T, "queue_count": n, "perm": 6}
@@ -23,6 +27,7 @@ import logging
 import os
 
 import msgpack
+import trio
 
 from store import Message, MessageStore, PutStatus
 from store.config_files import write_atomically
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 SYS_CONFIG_TOPIC = "%SYS%CONFIG"
 REPLAY_FILE = "sysConfigReplay.json"
 REPLAY_BATCH_COUNT = 512
+SYS_CONFIG_QUEUE = (SYS_CONFIG_TOPIC, 0)   # as a dispatch pass names a grown queue
+CATCH_UP_BATCHES_MAX = 8                  # per catch-up in the loop; the rest at the next one
 PERM_READ_WRITE = 6
 
 
@@ -55,6 +62,8 @@ class SysConfig:
         self._topics_file.data.setdefault("topicConfigTable", {})
         self.applied_queue_offset = self._read_replay_offset()
         self.replayed_records = 0
+        self.caught_up_records = 0
+        self._catch_up_scheduled = False
 
     # --- reading -------------------------------------------------------------------------
     @property
@@ -101,26 +110,43 @@ class SysConfig:
         """The log was cut: records from ``queue_offset`` on are gone, replay from there later."""
         self.applied_queue_offset = min(self.applied_queue_offset, queue_offset)
 
-    # --- start and checkpoint ------------------------------------------------------------
-    def replay(self) -> int:
-        """Apply every %SYS%CONFIG record past the checkpoint (blocking: run in a thread)."""
-        self.store.wait_dispatched()
+    # --- following the log ---------------------------------------------------------------
+    def catch_up(self, batches_max: int | None = CATCH_UP_BATCHES_MAX) -> int:
+        """Apply the records the log holds past those applied; how many. On a master it finds
+        none (``record`` applies its own); a slave's arrive by replication."""
+        self._catch_up_scheduled = False
         offset = max(self.applied_queue_offset, self.store.min_offset(SYS_CONFIG_TOPIC, 0))
-        count = 0
-        while True:
+        count = batches = 0
+        while batches_max is None or batches < batches_max:
             result = self.store.pull(SYS_CONFIG_TOPIC, 0, offset, REPLAY_BATCH_COUNT)
             if not result.messages:
                 break
+            batches += 1
             for message in result.messages:
                 try:
-                    change = msgpack.unpackb(message.body, raw=False, strict_map_key=False)
-                    self.apply(change)
+                    self.apply(msgpack.unpackb(message.body, raw=False, strict_map_key=False))
                     count += 1
                 except (ValueError, KeyError, TypeError, AttributeError) as error:
                     log.warning("skipping an unreadable %s record at queue offset %d: %s",
                                 SYS_CONFIG_TOPIC, message.queue_offset, error)
             offset = result.next_offset
-        self.applied_queue_offset = offset
+        self.applied_queue_offset = max(self.applied_queue_offset, offset)
+        self.caught_up_records += count
+        return count
+
+    def catch_up_soon(self) -> None:
+        """Call ``catch_up`` from the trio loop soon (on the loop's thread; a dispatch pass's
+        listener hands it over), once however many passes ask before it runs."""
+        if not self._catch_up_scheduled:
+            self._catch_up_scheduled = True
+            trio.lowlevel.current_trio_token().run_sync_soon(self.catch_up)
+
+    # --- start and checkpoint ------------------------------------------------------------
+    def replay(self) -> int:
+        """Apply every %SYS%CONFIG record past the checkpoint (blocking: run in a thread)."""
+        self.store.wait_dispatched()
+        count = self.catch_up(batches_max=None)
+        self.caught_up_records -= count
         self.replayed_records += count
         return count
 
