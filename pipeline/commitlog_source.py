@@ -14,7 +14,7 @@ verifyCrc              true (default) | false: skip CRC checks (``crc_ok`` then 
                        record's lengths hold); faster, for trusted copies
 mode                   PERMISSIVE (default): corrupt records and tails become rows with
                        ``crc_ok = false`` | FAILFAST: the first one fails the job
-maxBytesPerPartition   a segment larger than this is split at record boundaries (32 MiB)
+maxBytesPerPartition   a segment larger than this is split at record boundaries (128 MiB)
 topics                 comma-separated topics to keep
 startOffset/endOffset  physical offsets, ``[start, end)``
 startTime/endTime      store time, inclusive: epoch milliseconds or ISO-8601 (UTC unless an

@@ -142,7 +142,8 @@ def read_queue_range(target: ClusterTarget, piece: QueueRange, *, fail_on_data_l
     skipped with ``fail_on_data_loss=False``. A range still not readable after the failover
     timeout raises StreamSourceError."""
     from node.errors import AuthError, NodeError
-    state = {"admin": None}
+    key = (target, read_from)
+    state = {"admin": _ADMINS.pop(key, None) if open_admin is open_reader_admin else None}
     offset = piece.start
     where = f"{piece.topic}/{piece.queue_id}"
     stalled_since: float | None = None
@@ -195,8 +196,26 @@ def read_queue_range(target: ClusterTarget, piece: QueueRange, *, fail_on_data_l
                     raise StreamSourceError(f"hastore source: {where}: offset {offset} (planned up to {piece.end}) "
                                             f"was not readable within {target.failover_timeout_ms} ms "
                                             f"(status {status}, queue ends at {reply.get('max_offset')})")
-    finally:
+    except BaseException:
         _close(state)
+        raise
+    if open_admin is open_reader_admin and state["admin"] is not None:
+        _keep(key, state["admin"])      # Spark reuses Python workers: the next task skips the connect
+
+
+# One idle admin connection per target kept in a Python worker between tasks (workers are
+# reused); a task takes it out while it reads, so no two tasks share one. Bounded: a new
+# target evicts the others.
+_ADMINS: dict = {}
+
+
+def _keep(key, admin) -> None:
+    for other in [k for k in _ADMINS if k != key]:
+        _close({"admin": _ADMINS.pop(other)})
+    previous = _ADMINS.pop(key, None)
+    if previous is not None:
+        _close({"admin": previous})
+    _ADMINS[key] = admin
 
 
 def _close(state: dict) -> None:
