@@ -152,6 +152,19 @@ def _gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[
     return np.frombuffer(joined, dtype=np.uint8), offsets.astype(np.int32)
 
 
+def _gather_disjoint(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_gather`` for spans in increasing order that do not overlap (the names, or the values,
+    of properties): a mask over ``data`` built from +1/-1 marks instead of an index per byte."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    present = lengths > 0
+    marks = np.zeros(len(data) + 1, dtype=np.int8)
+    marks[starts[present]] += 1
+    marks[(starts + lengths)[present]] -= 1
+    mask = np.cumsum(marks[:-1], dtype=np.int8).view(bool)
+    return data[mask], offsets.astype(np.int32)
+
+
 def _strings(data: np.ndarray, offsets: np.ndarray, kind=pa.string()) -> pa.Array:
     array = pa.Array.from_buffers(kind, len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     if kind == pa.string():
@@ -206,8 +219,8 @@ def _split_properties(data: np.ndarray, offsets: np.ndarray) -> _Properties | No
     pair_starts, names_at, pair_ends, key_lengths = pair_starts[keep], names_at[keep], pair_ends[keep], key_lengths[keep]
     records = np.searchsorted(offsets, pair_starts, side="right") - 1
     try:
-        names = _strings(*_gather(data, pair_starts, key_lengths))
-        values = _strings(*_gather(data, names_at + 1, pair_ends - names_at - 1))
+        names = _strings(*_gather_disjoint(data, pair_starts, key_lengths))
+        values = _strings(*_gather_disjoint(data, names_at + 1, pair_ends - names_at - 1))
     except pa.ArrowInvalid:
         return None
     map_offsets = np.zeros(count + 1, dtype=np.int32)
