@@ -383,18 +383,11 @@ class IndexFile:
     def slots_consistent(self) -> bool:
         """No slot points past the last entry (cheap check after an unclean stop)."""
         count = self.header.index_count
-        raw = memoryview(self.mm)[HEADER_BYTES:self._entries_at]
+        table = np.frombuffer(self.mm, _SLOT_DTYPE, self.hash_slots, HEADER_BYTES)
         try:
-            values = struct.unpack(f">{self.hash_slots}i", raw) if self.hash_slots <= 1 << 16 else None
-            if values is not None:
-                return max(values) < count and min(values) >= 0
-            import array
-            table = array.array("i", raw)
-            if struct.pack("=i", 1) != struct.pack(">i", 1):
-                table.byteswap()
-            return max(table) < count and min(table) >= 0
+            return bool(table.max(initial=0) < count) and bool(table.min(initial=0) >= 0)
         finally:
-            raw.release()
+            del table   # no export of the map outlives the call (it could not be closed)
 
     def rebuild_chains(self) -> None:
         """Recompute every slot and prevIndex from the entries' key hashes."""
