@@ -87,16 +87,26 @@ async def test_an_idle_connection_is_closed_and_told_nothing_was_read(limited, a
 
 
 async def test_at_the_limit_a_silent_connection_gives_way_and_working_ones_do_not(limited, autojump_clock):
+    # bounded: a wait that never ends would otherwise spin the autojump clock forever
+    with trio.fail_after(120):
+        await _silent_gives_way_working_do_not(limited)
+
+
+async def _silent_gives_way_working_do_not(limited):
     async with trio.open_nursery() as nursery:
         silent = limited.raw(nursery)        # connects and never sends a thing
         working = await limited.connect(nursery)
+        # a request, so that ``silent`` is the one connection silent since it opened (two
+        # silent ones left the node free to displace either, and the test hung on the wrong one)
+        await working.request(RequestCode.STATUS)
         await trio.sleep(NEW_GRACE_S + 0.1)
         newcomer = await limited.connect(nursery)
         assert (await newcomer.request(RequestCode.STATUS))["node_id"] == "n1"
         notice = await _read_frames(silent, 1)
         assert notice[0]["code"] == protocol.ResponseCode.SYSTEM_BUSY and notice[0]["unread"] is True
         # both connections left are working (a long poll each): a third is refused, not let in
-        pending = [await c.submit(RequestCode.PULL, topic="t", queue_id=0, offset=0, timeout_ms=30_000)
+        pending = [await c.submit(RequestCode.PULL, topic="t", queue_id=0, offset=0,
+                                  timeout_ms=30_000)   # still working when the third is refused
                    for c in (working, newcomer)]
         await trio.sleep(SHED_IDLE_S + 1)
         refused = limited.raw(nursery)
