@@ -6,16 +6,13 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
-from node.cluster.supervisor import ClusterStartError, LocalCluster
 from node.client.progress import progress_bar
-from node.cluster.topology import ClusterError
 
+from .command_cluster import command_cluster
 from .drill import DrillReport, DrillSettings, RoundRecord, run_failover_drill
-from .errors import DrillError
 from .workload import WorkloadSettings
 
 ROUND_HEADER = ("round", "killed", "new master", "epoch", "detect ms", "failover ms", "acked", "fail", "info",
@@ -47,16 +44,7 @@ def failover_command(directory, rounds, group, send_interval_ms, start_cluster, 
     slave and caught up (rejoin). Exit status 1 if any acked message is lost or a round
     does not recover. The failover target is the ZooKeeper session timeout + 1 s at p99.
     """
-    cluster = LocalCluster(directory)
-    started = False
-    try:
-        if not cluster.running():
-            if not start_cluster:
-                raise click.ClickException(
-                    f"no cluster is running in {os.path.abspath(directory)}: start one with "
-                    f"`hastore cluster up --dir {directory}`, or pass --up")
-            cluster.up()
-            started = True
+    with command_cluster(directory, start_cluster) as cluster:
         settings = DrillSettings(group=group, workload=WorkloadSettings(send_interval_ms=send_interval_ms))
         if not as_json:
             click.echo(f"failover drill on group {group} in {cluster.directory}: {rounds} round(s), ZooKeeper "
@@ -68,15 +56,6 @@ def failover_command(directory, rounds, group, send_interval_ms, start_cluster, 
                     click.echo(format_row(round_row(record)))
                 bar.advance()
             report = run_failover_drill(cluster, rounds, settings, on_round=on_round)
-    except ClusterStartError as error:
-        for name, tail in error.log_tails.items():
-            click.echo(f"--- last lines of {name}'s log ---\n{tail}", err=True)
-        raise click.ClickException(str(error)) from None
-    except (ClusterError, DrillError) as error:
-        raise click.ClickException(str(error)) from None
-    finally:
-        if started:
-            cluster.down()
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:

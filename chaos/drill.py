@@ -36,6 +36,7 @@ from node.cluster import ClusterError, ClusterRecords, LocalCluster
 from node.errors import NodeError
 
 from .checker import SendVerdict, check_sends, percentile
+from .control import read_final
 from .errors import DrillError
 from .history import History
 from .workload import WorkloadSettings, send_workload
@@ -43,7 +44,6 @@ from .workload import WorkloadSettings, send_workload
 ZK_POLL_INTERVAL_S = 0.01
 STATUS_POLL_INTERVAL_S = 0.1
 ZK_TIMEOUT_S = 5.0
-READ_BATCH_COUNT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,20 +342,7 @@ class _Drill:
 
 async def read_topic_keys(address: str, topic: str, queue_count: int, *, secret: str | None = None) -> list[str]:
     """The first key of every message of ``topic`` stored at ``address``, all queues, from each
-    queue's min offset to its max offset (waiting, bounded by the caller's cancel scope, for
-    messages not yet readable under the confirm offset)."""
-    keys: list[str] = []
-    async with open_admin(address, secret=secret) as admin:
-        for queue_id in range(queue_count):
-            offset, end = await admin.queue_offsets(topic, queue_id)
-            for _ in range(1_000_000):   # bounded; each pass reads up to READ_BATCH_COUNT
-                if offset >= end:
-                    break
-                reply = await admin.pull(topic, queue_id, offset, max_count=READ_BATCH_COUNT)
-                messages = reply["messages"]
-                if not messages:
-                    await trio.sleep(0.05)   # beyond the confirm offset for now
-                    continue
-                keys.extend(message.keys[0] if message.keys else "" for message in messages)
-                offset = reply["next_offset"]
-    return keys
+    queue's min offset to its max offset (chaos.control.read_final: it waits, bounded by the
+    caller's cancel scope, for messages not yet readable under the confirm offset)."""
+    messages, _ = await read_final(address, topic, queue_count, secret=secret)
+    return [message.key for message in messages]

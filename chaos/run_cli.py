@@ -3,9 +3,9 @@
     hastore chaos run --dir DIR [--up] [--proxied] --nemesis kill,pause,... --cycles N
                       --time-limit S --seed N [--json]
 
-Prints one row per cycle (fault, target, hold, acked, info, lost, unavailable ms), a summary
-with the safety violations and the unavailability per fault kind, and the history file's
-path. Exit status 1 on any safety violation (lost, duplicated, failed-but-present, order,
+Prints one row per cycle (fault, target, duration from the fault to its heal, acked, info,
+lost, unavailable ms), a summary with the safety violations and a table of the unavailability
+per fault kind (median, p99, max), and the history file's path. Exit status 1 on any safety violation (lost, duplicated, failed-but-present, order,
 dirty read, committed offset going back, replica divergence), and when a cycle did not
 recover or the group did not catch up at the end.
 """
@@ -15,21 +15,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 
 import click
 
-from node.cluster import LocalCluster
-from node.cluster.supervisor import ClusterStartError
 from node.client.progress import progress_bar
-from node.cluster.topology import ClusterError
+from node.cluster import LocalCluster
 
-from .errors import ChaosError
+from .command_cluster import command_cluster
 from .run import CycleRecord, RunReport, RunSettings, run_chaos
 from .workload import LoadSettings
 
-CYCLE_HEADER = ("cycle", "fault", "target", "hold s", "acked", "info", "fail", "lost", "unavail ms", "ok")
-WIDTHS = (5, 24, 12, 6, 6, 5, 5, 5, 10, 3)
+CYCLE_HEADER = ("cycle", "fault", "target", "duration s", "acked", "info", "lost", "unavail ms", "ok")
+WIDTHS = (5, 24, 12, 10, 6, 5, 5, 10, 3)
+KIND_HEADER = ("fault kind", "faults", "p50 ms", "p99 ms", "max ms", "no ack")
+KIND_WIDTHS = (24, 6, 8, 8, 8, 6)
 
 
 @click.command("run")
@@ -55,39 +54,20 @@ def run_command(directory, start_cluster, proxied, nemesis, cycles, time_limit_s
     """Run the workload with a seeded schedule of faults and check the history."""
     # kazoo logs every dropped connection while ZooKeeper is faulted: the cycle lines say enough
     logging.getLogger("kazoo").setLevel(logging.ERROR)
-    cluster = LocalCluster(directory)
     settings = RunSettings(nemesis=nemesis, cycles=cycles, seed=seed, time_limit_s=time_limit_s, group=group,
                            load=LoadSettings(producers=producers, slave_readers=0 if no_slave_reads else 1))
-    started = False
-    try:
-        with contextlib.ExitStack() as stack:
-            if not cluster.running():
-                if not start_cluster:
-                    raise click.ClickException(
-                        f"no cluster is running in {os.path.abspath(directory)}: start one with "
-                        f"`hastore cluster up --dir {directory}`, or pass --up")
-                cluster.up()
-                started = True
-            proxies, address_of = _proxies(stack, cluster, proxied)
-            if not as_json:
-                click.echo(f"chaos run on group {group} in {cluster.directory}: {cycles} cycle(s) of {nemesis}, "
-                           f"seed {seed}")
-            bar = stack.enter_context(progress_bar(f"chaos cycles ({nemesis})", total=cycles))  # a terminal only
+    with command_cluster(directory, start_cluster) as cluster, contextlib.ExitStack() as stack:
+        proxies, address_of = _proxies(stack, cluster, proxied)
+        if not as_json:
+            click.echo(f"chaos run on group {group} in {cluster.directory}: {cycles} cycle(s) of {nemesis}, "
+                       f"seed {seed}")
+        bar = stack.enter_context(progress_bar(f"chaos cycles ({nemesis})", total=cycles))  # a terminal only
 
-            def on_cycle(record: CycleRecord) -> None:
-                if not as_json:
-                    _progress(record)
-                bar.advance()
-            report = run_chaos(cluster, settings, proxies=proxies, address_of=address_of, on_cycle=on_cycle)
-    except ClusterStartError as error:
-        for name, tail in error.log_tails.items():
-            click.echo(f"--- last lines of {name}'s log ---\n{tail}", err=True)
-        raise click.ClickException(str(error)) from None
-    except (ClusterError, ChaosError) as error:
-        raise click.ClickException(str(error)) from None
-    finally:
-        if started:
-            cluster.down()
+        def on_cycle(record: CycleRecord) -> None:
+            if not as_json:
+                _progress(record)
+            bar.advance()
+        report = run_chaos(cluster, settings, proxies=proxies, address_of=address_of, on_cycle=on_cycle)
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:
@@ -119,13 +99,19 @@ def _ms(value: float | None) -> str:
 
 
 def cycle_row(record: CycleRecord) -> tuple:
-    return (record.cycle, record.kind, record.target, f"{record.hold_s:.1f}", record.acked, record.info,
-            record.failed, record.lost, _ms(record.unavailable_ms),
-            "yes" if record.recovered and not record.lost else "NO")
+    duration = "-" if record.duration_s is None else f"{record.duration_s:.1f}"
+    return (record.cycle, record.kind, record.target, duration, record.acked, record.info, record.lost,
+            _ms(record.unavailable_ms), "yes" if record.recovered and not record.lost else "NO")
 
 
-def format_row(row: tuple) -> str:
-    return "  ".join(str(cell).rjust(width) for cell, width in zip(row, WIDTHS))
+def format_row(row: tuple, widths: tuple[int, ...] = WIDTHS) -> str:
+    return "  ".join(str(cell).rjust(width) for cell, width in zip(row, widths))
+
+
+def kind_rows(by_kind: dict[str, dict]) -> list[tuple]:
+    """The unavailability table's rows: one per fault kind (summary()["unavailability_by_kind"])."""
+    return [(kind, row["faults"], _ms(row["p50_ms"]), _ms(row["p99_ms"]), _ms(row["max_ms"]), row["no_ack_after"])
+            for kind, row in by_kind.items()]
 
 
 def summary_lines(report: RunReport) -> list[str]:
@@ -137,10 +123,10 @@ def summary_lines(report: RunReport) -> list[str]:
     violations = report.verdict.violations()
     lines.append("safety: " + ", ".join(f"{name} {count}" for name, count in violations.items())
                  + (": OK" if report.safe else ": VIOLATED"))
-    for kind, row in summary["unavailability_by_kind"].items():
-        lines.append(f"unavailable after {kind}: {row['faults']} fault(s), p50 {_ms(row['p50_ms'])} ms, "
-                     f"p99 {_ms(row['p99_ms'])} ms, max {_ms(row['max_ms'])} ms"
-                     + (f", {row['no_ack_after']} with no ack after" if row["no_ack_after"] else ""))
+    lines.append("unavailability per fault kind (fault -> first acked write invoked after it):")
+    lines.append(format_row(KIND_HEADER, KIND_WIDTHS))
+    lines.extend(format_row(row, KIND_WIDTHS) for row in kind_rows(summary["unavailability_by_kind"]))
+    lines.append(format_row(*kind_rows({"all": summary["unavailability"]}), KIND_WIDTHS))
     lines.append(f"cycles recovered {summary['cycles_recovered']}/{summary['cycles_run']} "
                  f"(planned {summary['cycles_planned']}); final master {summary['final_master']}, "
                  f"replicas caught up: {'yes' if report.caught_up else 'NO'}: {'OK' if report.ok else 'FAILED'}")
