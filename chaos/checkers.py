@@ -16,6 +16,7 @@ verdicts. No I/O: the runner gathers the final reads and the replicas' bytes and
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -225,28 +226,39 @@ def fault_windows(ops: Iterable[Op]) -> tuple[FaultWindow, ...]:
             invoked_s[op.value] = op.time_s
         elif op.f == "send" and op.type == "ok":
             acks.append((invoked_s.get(op.value, op.time_s), op.time_s))
+    acks.sort()
+    invoked = [invoked for invoked, _ in acks]
+    # first_ack[i]: the earliest ack among sends invoked at or after invoked[i]
+    first_ack = [acked for _, acked in acks]
+    for index in range(len(first_ack) - 2, -1, -1):
+        first_ack[index] = min(first_ack[index], first_ack[index + 1])
     windows = []
     faults = [op for op in ops if op.f == "nemesis"]
     for index, op in enumerate(faults):
         if op.value.startswith("heal:"):
             continue
         heal = next((h for h in faults[index + 1:] if h.value == f"heal:{op.value}"), None)
-        first = min((acked for invoked, acked in acks if invoked >= op.time_s), default=None)
+        after = bisect.bisect_left(invoked, op.time_s)
+        first = first_ack[after] if after < len(first_ack) else None
         windows.append(FaultWindow(op.value, op.error, op.time_s, heal.time_s if heal else None, first))
     return tuple(windows)
 
 
+def unavailability(windows: Iterable[FaultWindow]) -> dict:
+    """Over some faults: their count, the median, p99 (nearest rank) and max unavailability (ms)
+    of those followed by an ack, and how many were never followed by one."""
+    windows = list(windows)
+    values = [w.unavailable_ms for w in windows if w.unavailable_ms is not None]
+    return {"faults": len(windows), "p50_ms": percentile(values, 0.5), "p99_ms": percentile(values, 0.99),
+            "max_ms": max(values, default=None), "no_ack_after": len(windows) - len(values)}
+
+
 def unavailability_by_kind(windows: Iterable[FaultWindow]) -> dict[str, dict]:
-    """Per fault kind: count, median, p99 and max unavailability (ms), and faults never followed by an ack."""
+    """``unavailability`` per fault kind, kinds in name order."""
     by_kind: dict[str, list[FaultWindow]] = defaultdict(list)
     for window in windows:
         by_kind[window.kind].append(window)
-    summary = {}
-    for kind, items in sorted(by_kind.items()):
-        values = [w.unavailable_ms for w in items if w.unavailable_ms is not None]
-        summary[kind] = {"faults": len(items), "p50_ms": percentile(values, 0.5), "p99_ms": percentile(values, 0.99),
-                         "max_ms": max(values, default=None), "no_ack_after": len(items) - len(values)}
-    return summary
+    return {kind: unavailability(items) for kind, items in sorted(by_kind.items())}
 
 
 @dataclass(frozen=True, slots=True)

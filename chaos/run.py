@@ -20,6 +20,7 @@ is written as JSON lines to DIR/chaos/history-RUN.jsonl while the run goes.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 import uuid
@@ -30,8 +31,7 @@ import trio
 from node.client import open_admin
 from node.cluster import LocalCluster
 
-from .checker import percentile
-from .checkers import RunVerdict, check_run, unavailability_by_kind
+from .checkers import RunVerdict, check_run, unavailability, unavailability_by_kind
 from .control import ClusterLocator, LocalControl, commitlog_bytes, read_final, wait_caught_up
 from .errors import NemesisError, RunError
 from .history import History, Op
@@ -71,6 +71,7 @@ class CycleRecord:
     target: str
     hold_s: float
     start_s: float
+    duration_s: float | None = None      # fault in force -> healed (the heal's restarts included)
     acked: int = 0
     info: int = 0
     failed: int = 0
@@ -107,13 +108,13 @@ class RunReport:
 
     def summary(self) -> dict:
         sends = self.verdict.sends
-        values = [c.unavailable_ms for c in self.cycles if c.unavailable_ms is not None]
+        overall = unavailability(self.verdict.faults)
         return {"run_id": self.run_id, "seed": self.seed, "cycles_planned": len(self.schedule),
                 "cycles_run": len(self.cycles), "cycles_recovered": sum(c.recovered for c in self.cycles),
                 "invoked": sends.invoked, "acked": sends.acked, "failed": sends.failed, "info": sends.unknown,
                 "info_present": sends.unknown_present, **self.verdict.violations(),
-                "unavailable_ms_p50": percentile(values, 0.5), "unavailable_ms_p99": percentile(values, 0.99),
-                "unavailability_by_kind": unavailability_by_kind(self.verdict.faults),
+                "unavailable_ms_p50": overall["p50_ms"], "unavailable_ms_p99": overall["p99_ms"],
+                "unavailability": overall, "unavailability_by_kind": unavailability_by_kind(self.verdict.faults),
                 "final_master": self.final_master, "caught_up": self.caught_up, "safe": self.safe, "ok": self.ok,
                 "history": self.history_path}
 
@@ -179,7 +180,7 @@ class _Runner:
             final_master, caught_up, verdict = await self._check()
         finally:
             await self.locator.aclose()
-        cycles = _with_outcomes(cycles, self.history.ops, verdict)
+        cycles = cycle_outcomes(cycles, self.history.ops, verdict)
         return RunReport(self.run_id, self.settings.seed, schedule, tuple(cycles), verdict, history_path,
                          final_master, caught_up)
 
@@ -232,13 +233,14 @@ class _Runner:
         self.history.append(Op("info", "nemesis", planned.kind, start_s, error=fault.target, process="nemesis"))
         await trio.sleep(planned.hold_s)
         errors = await trio.to_thread.run_sync(heal, self.control, fault)
-        self.history.record("info", f"heal:{planned.kind}", f="nemesis", error=fault.target, process="nemesis")
+        healed = self.history.record("info", f"heal:{planned.kind}", f="nemesis", error=fault.target,
+                                     process="nemesis")
         first = await self._first_ack_after(start_s, self.settings.recovery_timeout_s)
         unavailable_ms = round((first - start_s) * 1000, 1) if first is not None else None
         error = "; ".join(errors) if errors else ("" if first is not None else
                                                   f"no acked write within {self.settings.recovery_timeout_s:g} s")
-        return CycleRecord(**base, target=fault.target, start_s=start_s, unavailable_ms=unavailable_ms,
-                           recovered=first is not None and not errors, error=error)
+        return CycleRecord(**base, target=fault.target, start_s=start_s, duration_s=round(healed.time_s - start_s, 3),
+                           unavailable_ms=unavailable_ms, recovered=first is not None and not errors, error=error)
 
     async def _wait_ready(self) -> str:
         """'' once every process runs and the group has a master; else why not, after the bound."""
@@ -270,7 +272,8 @@ class _Runner:
     async def _first_ack_after(self, time_s: float, timeout_s: float, count: int = 1) -> float | None:
         """When the ``count``-th send invoked at or after ``time_s`` was acked (waiting up to
         ``timeout_s``); as chaos.checkers.fault_windows counts it."""
-        index = 0
+        # ops are appended in time order: sends invoked before time_s are skipped, not scanned
+        index = bisect.bisect_left(self.history.ops, time_s, key=lambda op: op.time_s)
         invoked_s: dict[str, float] = {}
         acked: list[float] = []
         with trio.move_on_after(timeout_s):
@@ -323,25 +326,18 @@ async def _status(address: str, secret: str | None) -> dict:
         return await admin.status()
 
 
-def _with_outcomes(cycles: list[CycleRecord], ops: list[Op], verdict: RunVerdict) -> list[CycleRecord]:
+def cycle_outcomes(cycles: list[CycleRecord], ops: list[Op], verdict: RunVerdict) -> list[CycleRecord]:
     """Each cycle's acked / info / failed sends (outcomes from its fault to the next cycle's)
     and lost keys (acked in that span); what came before the first fault counts in the first."""
     if not cycles:
         return cycles
     starts = [c.start_s for c in cycles]
     lost = set(verdict.sends.lost)
-
-    def cycle_of(time_s: float) -> int:
-        index = 0
-        for number, start in enumerate(starts):
-            if time_s >= start:
-                index = number
-        return index
     counts = [{"acked": 0, "info": 0, "failed": 0, "lost": 0} for _ in cycles]
     for op in ops:
         if op.f != "send" or op.type == "invoke":
             continue
-        tally = counts[cycle_of(op.time_s)]
+        tally = counts[max(0, bisect.bisect_right(starts, op.time_s) - 1)]
         tally[{"ok": "acked", "info": "info", "fail": "failed"}[op.type]] += 1
         if op.type == "ok" and op.value in lost:
             tally["lost"] += 1
