@@ -1,21 +1,24 @@
 """A proxied local cluster: every link of a running LocalCluster routed through a Toxiproxy
 proxy of its own, so that nemeses can cut or poison one link at a time.
 
-Proxies (names from chaos.nemesis):
+Proxies (names and plan from node.cluster.proxies, the ones chaos.nemesis cuts):
 
     client_to_NODE          clients -> NODE's client port
     SLAVE_to_MASTER_ha      SLAVE's HA client -> MASTER's HA port, for every ordered pair of a
                             group (so after any failover the links to the new master are proxied)
     NODE_to_zk              NODE's ZooKeeper session -> ZooKeeper
-    CONTROLLER_to_zk        created for each controller; the controllers keep the ZooKeeper
-                            address LocalCluster started them with (their argv is recorded in
-                            cluster.json), so this proxy carries no traffic yet
+    CONTROLLER_to_zk        a controller's ZooKeeper session -> ZooKeeper
 
-``open_proxies`` creates them (on a Toxiproxy started for the block, or ``TOXIPROXY_URL``),
-rewrites each node's node.yaml (``zk_hosts``: its ZooKeeper proxy; ``peer_ha_addresses``:
-each peer's HA address -> its pair proxy), restarts the nodes one at a time through
-LocalCluster, and writes DIR/chaos/proxies.json. On exit it puts the original node.yaml back
-and restarts the nodes again, so the cluster no longer depends on proxies that are gone.
+``open_proxies`` on a cluster started proxied (``hastore cluster up --proxied``) uses the
+proxies it has for good: a client of its proxy server, and each node's client proxy; nothing
+is restarted or undone. On any other cluster it keeps the proxies for the block only: it
+creates them (on a Toxiproxy started for the block, or ``TOXIPROXY_URL``), rewrites each
+node's node.yaml (``zk_hosts``: its ZooKeeper proxy; ``peer_ha_addresses``: each peer's HA
+address -> its pair proxy), restarts the nodes one at a time through LocalCluster, and writes
+DIR/chaos/proxies.json. On exit it puts the original node.yaml back and restarts the nodes
+again, so the cluster no longer depends on proxies that are gone. There the controllers keep
+the ZooKeeper address they were started with, so their proxies carry no traffic: start the
+cluster with --proxied to have them dial ZooKeeper through their proxies.
 """
 
 from __future__ import annotations
@@ -23,62 +26,47 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import yaml
 
 from node.cluster import LocalCluster
+from node.cluster.proxies import ProxyLink, node_routes, plan_links
 
 from .errors import RunError
-from .nemesis import client_proxy, ha_proxy, zk_proxy
+from .nemesis import client_proxy
 from .toxiproxy import ToxiproxyClient, running_toxiproxy
 
 PROXIES_FILE = "proxies.json"
 MASTER_TIMEOUT_S = 60.0
 
-
-@dataclass(frozen=True, slots=True)
-class ProxyLink:
-    """One proxy to create: its name, what it forwards to, and whose link it carries."""
-
-    name: str
-    upstream: str
-    kind: str            # client | ha | zk
-    owner: str           # the process whose outgoing link it is (a node, a controller; "clients")
-    peer: str            # the process it reaches
+__all__ = ["ProxyLink", "plan_proxies", "node_overrides", "open_proxies"]
 
 
 def plan_proxies(nodes: list[tuple[str, str, str, str]], zookeeper: str | None, controllers: list[str]
                  ) -> tuple[ProxyLink, ...]:
     """The proxies of a cluster. ``nodes``: (node id, group, client address, HA address);
     ``zookeeper``: its client address (None in static mode)."""
-    links = [ProxyLink(client_proxy(node), client, "client", "clients", node) for node, _, client, _ in nodes]
-    for slave, group, _, _ in nodes:
-        for master, other_group, _, master_ha in nodes:
-            if master != slave and other_group == group:
-                links.append(ProxyLink(ha_proxy(slave, master), master_ha, "ha", slave, master))
-    if zookeeper is not None:
-        links += [ProxyLink(zk_proxy(node), zookeeper, "zk", node, "zookeeper") for node, *_ in nodes]
-        links += [ProxyLink(zk_proxy(controller), zookeeper, "zk", controller, "zookeeper")
-                  for controller in controllers]
-    return tuple(links)
+    return plan_links(nodes, zookeeper, controllers)
 
 
-def node_overrides(node: str, links: tuple[ProxyLink, ...], listen: dict[str, str], ha_of: dict[str, str]) -> dict:
-    """The node.yaml keys that route ``node``'s own links through its proxies."""
-    overrides: dict = {"peer_ha_addresses": {ha_of[link.peer]: listen[link.name]
-                                             for link in links if link.kind == "ha" and link.owner == node}}
-    zk = [listen[link.name] for link in links if link.kind == "zk" and link.owner == node]
-    if zk:
-        overrides["zk_hosts"] = zk[0]
-    return overrides
+def node_overrides(node: str, links: tuple[ProxyLink, ...], ha_of: dict[str, str]) -> dict:
+    """The node.yaml keys that route ``node``'s own links through its proxies (``links`` with
+    their listen addresses)."""
+    zk, peers = node_routes(node, links, ha_of)
+    return {"peer_ha_addresses": peers, **({"zk_hosts": zk} if zk else {})}
 
 
 @contextmanager
 def open_proxies(cluster: LocalCluster) -> Iterator[tuple[ToxiproxyClient, Callable[[str], str]]]:
     """Route the running ``cluster`` through proxies for the block; yield (the Toxiproxy
     client, node id -> the proxied client address)."""
+    if cluster.proxied:   # started with --proxied: its proxies last, and every link already uses them
+        listen = {link.name: link.listen for link in cluster.proxy_links()}
+        with ToxiproxyClient(cluster.proxy_api_url) as client:
+            client.version()   # fail now, not in the first fault, when the proxy server is gone
+            yield client, (lambda node_id: listen[client_proxy(node_id)])
+        return
     nodes = [(s.name, s.group, s.client_address, s.ha_address) for s in cluster.nodes()]
     zookeeper = cluster.zk_hosts if cluster.topology.controller.enabled else None
     controllers = [s.name for s in cluster.specs if s.kind == "controller"]
@@ -88,12 +76,13 @@ def open_proxies(cluster: LocalCluster) -> Iterator[tuple[ToxiproxyClient, Calla
         for link in links:
             proxy = client.create_proxy(link.name, link.upstream)
             listen[link.name] = proxy.listen
+        links = tuple(ProxyLink(l.name, l.upstream, l.kind, l.owner, l.peer, listen[l.name]) for l in links)
         originals = {}
         listing_path = os.path.join(cluster.directory, "chaos", PROXIES_FILE)
         try:
             ha_of = {node: ha for node, _, _, ha in nodes}
             for node, *_ in nodes:
-                originals[node] = _rewrite(cluster, node, node_overrides(node, links, listen, ha_of))
+                originals[node] = _rewrite(cluster, node, node_overrides(node, links, ha_of))
             _restart_nodes(cluster, [node for node, *_ in nodes])
             os.makedirs(os.path.dirname(listing_path), exist_ok=True)
             with open(listing_path, "w", encoding="utf-8") as handle:

@@ -1,6 +1,6 @@
 """``hastore cluster``: run a whole group (or several) as local processes on loopback.
 
-    hastore cluster up --dir /tmp/c [--config cluster.yaml]   # ZooKeeper, 2 controllers, 3 nodes by default
+    hastore cluster up --dir /tmp/c [--config cluster.yaml] [--proxied]   # ZooKeeper, 2 controllers, 3 nodes
     hastore cluster status --dir /tmp/c [--json]
     hastore cluster kill g1-n1 --dir /tmp/c [--signal KILL|STOP|CONT|TERM|INT]
     hastore cluster restart g1-n1 --dir /tmp/c
@@ -59,13 +59,16 @@ def cluster_group() -> None:
 @cluster_group.command("up")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
               help="cluster.yaml: cluster, host, base_port, nodes_per_group, replication, flush, secret, "
-                   "startup_timeout_s, shutdown_timeout_s, store, groups, nodes. Default: the topology DIR "
-                   "last ran, else one group g1 of three nodes.")
+                   "secret_file, proxied, startup_timeout_s, shutdown_timeout_s, store, groups, nodes, controller. "
+                   "Default: the topology DIR last ran, else one group g1 of three nodes.")
 @dir_option
+@click.option("--proxied", is_flag=True,
+              help="Route every link through a Toxiproxy proxy of its own (as `proxied: true`): the proxy "
+                   "server runs as a process of the cluster, or TOXIPROXY_URL's Toxiproxy is used.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 600),
               help="Seconds each start phase may take to answer status (overrides startup_timeout_s).")
 @json_option
-def cluster_up(config_path, directory, timeout_s, as_json) -> None:
+def cluster_up(config_path, directory, proxied, timeout_s, as_json) -> None:
     """Start ZooKeeper, the controllers and every node; wait until each is ready and every
     group has a master.
 
@@ -95,12 +98,28 @@ def cluster_up(config_path, directory, timeout_s, as_json) -> None:
     The session timeout is how long ZooKeeper waits before it declares a silent node dead:
     failover takes about that long plus the election (2 s default, short for local use; it
     must lie within 2-20 ZooKeeper ticks).
+
+    \b
+    Secret: `secret` in cluster.yaml, or better `secret_file: PATH` (mode 0600; each node.yaml
+    names the file), or with neither HASTORE_SECRET in the environment (kept in DIR/secret,
+    mode 0600, for later commands). Status, logs and JSON never print it.
+
+    \b
+    Proxied (--proxied, or `proxied: true`): `hastore chaos toxiproxy serve` runs as a process
+    of the cluster (DIR/toxiproxy/; TOXIPROXY_URL: that Toxiproxy instead) and every link has
+    a proxy of its own: client_to_NODE (clients -> NODE), SLAVE_to_MASTER_ha (every ordered
+    pair of a group), NODE_to_zk and controller-N_to_zk. `cluster status` lists them; clients
+    reach a node through its client_to_NODE listen address; `hastore chaos run --proxied`
+    faults them.
     """
     try:
         topology = load_topology(config_path) if config_path else None
         cluster = LocalCluster(directory, topology)
         if timeout_s is not None:
             cluster.topology = dataclasses.replace(cluster.topology, startup_timeout_s=timeout_s)
+        if proxied and not cluster.topology.proxied:
+            cluster.topology = dataclasses.replace(cluster.topology, proxied=True,
+                                                   source={**cluster.topology.source, "proxied": True})
         specs = cluster.up()
     except ClusterStartError as error:
         for name, tail in error.log_tails.items():
@@ -118,13 +137,17 @@ def cluster_up(config_path, directory, timeout_s, as_json) -> None:
     if as_json:
         click.echo(json.dumps({"directory": cluster.directory, "mode": cluster.topology.controller.mode,
                                "zk_hosts": cluster.zk_hosts if masters else None, "masters": masters,
-                               "processes": [{**spec.to_json(), "pid": cluster.pid(spec.name)} for spec in specs]}))
+                               "processes": [{**spec.to_json(), "pid": cluster.pid(spec.name)} for spec in specs],
+                               "toxiproxy": cluster.proxy_api_url,
+                               "proxies": [link.to_json() for link in cluster.proxy_links()]}))
         return
     click.echo(f"cluster {cluster.topology.cluster} is up in {cluster.directory}")
+    through = {link.peer: link.listen for link in cluster.proxy_links() if link.kind == "client"}
     for spec in specs:
         if spec.kind == "node":
             role = "master" if masters.get(spec.group) == spec.name else ("slave" if masters else spec.role)
-            click.echo(f"  {spec.name:<12} {role:<10} client {spec.client_address:<21} "
+            proxy = f"proxy {through[spec.name]:<21} " if spec.name in through else ""
+            click.echo(f"  {spec.name:<12} {role:<10} client {spec.client_address:<21} {proxy}"
                        f"ha {spec.ha_address:<21} pid {cluster.pid(spec.name)}")
         else:
             where = f"client {spec.client_address:<21}" if spec.client_address else f"log {spec.log_path}"
@@ -134,6 +157,9 @@ def cluster_up(config_path, directory, timeout_s, as_json) -> None:
         click.echo(f"masters (elected by the controller): "
                    f"{', '.join(f'{group} -> {node}' for group, node in masters.items())}; "
                    f"ZooKeeper session timeout {settings.session_timeout_ms} ms")
+    if cluster.proxied:
+        click.echo(f"{len(cluster.proxy_links())} proxies on Toxiproxy {cluster.proxy_api_url}; clients reach each "
+                   f"node through its proxy (listed by status)")
     click.echo(f"status: hastore cluster status --dir {directory}    stop: hastore cluster down --dir {directory}")
 
 
@@ -188,7 +214,8 @@ def cluster_status(directory, as_json, timeout_s) -> None:
     why there is no master); each node's state (up, down, unresponsive), role, epoch, client
     address, max CommitLog offset and lag behind the master (bytes); where a node reports a
     `replication` section, its sync-state set, confirm offset and per-slave lag. Then the
-    ZooKeeper and controller processes. A dead process is shown as down."""
+    ZooKeeper, controller and proxy server processes. A dead process is shown as down. A
+    proxied cluster's proxies follow: name, listen, upstream, enabled, toxics (JSON: "proxies")."""
     try:
         cluster = LocalCluster(directory)
         if not cluster.specs:
@@ -197,17 +224,50 @@ def cluster_status(directory, as_json, timeout_s) -> None:
     except ClusterError as error:
         raise _fail(error) from None
     controller = controller_report(cluster, statuses)
+    proxies = proxy_report(cluster)
     if as_json:
         groups: dict[str, list] = {}
         for item in statuses:
             groups.setdefault(item.spec.group or item.spec.kind, []).append(item.to_json())
         click.echo(json.dumps({"cluster": cluster.topology.cluster, "directory": cluster.directory,
                                "mode": cluster.topology.controller.mode, "controller": controller,
-                               "groups": groups}))
+                               "groups": groups, "proxies": proxies}))
         return
     click.echo(f"cluster {cluster.topology.cluster} in {cluster.directory} ({cluster.topology.controller.mode} mode)")
-    for line in render_status(statuses, controller):
+    for line in render_status(statuses, controller) + render_proxies(proxies):
         click.echo(line)
+
+
+def proxy_report(cluster: LocalCluster) -> dict | None:
+    """A proxied cluster's proxies as the proxy server holds them (or why not known); None
+    when the cluster is not proxied."""
+    if not cluster.proxied:
+        return None
+    try:
+        return {"toxiproxy": cluster.proxy_api_url, "proxies": cluster.proxy_listing()}
+    except ClusterError as error:
+        return {"toxiproxy": cluster.proxy_api_url, "error": str(error),
+                "proxies": [link.to_json() for link in cluster.proxy_links()]}
+
+
+def render_proxies(report: dict | None) -> list[str]:
+    """The proxies table: name, listen, upstream, enabled, toxics (type/stream, attributes)."""
+    if report is None:
+        return []
+    lines = [f"proxies (Toxiproxy {report['toxiproxy']})"]
+    if "error" in report:
+        lines.append(f"  proxy server: {report['error']}")
+    rows = [("proxy", "listen", "upstream", "enabled", "toxics")]
+    for proxy in report["proxies"]:
+        if "present" not in proxy:
+            enabled = "?"                # the server did not answer
+        else:
+            enabled = ("yes" if proxy["enabled"] else "NO") if proxy["present"] else "missing"
+        toxics = ", ".join(f"{toxic.get('name')} {toxic.get('type')}/{toxic.get('stream')} "
+                           f"{json.dumps(toxic.get('attributes', {}), sort_keys=True)}"
+                           for toxic in proxy.get("toxics") or []) or "-"
+        rows.append((proxy["name"], proxy.get("listen") or "-", proxy["upstream"], enabled, toxics))
+    return lines + ["  " + line for line in _table(rows)]
 
 
 def controller_report(cluster: LocalCluster, statuses: list[ProcessStatus]) -> dict | None:
@@ -272,8 +332,12 @@ def render_status(statuses: list[ProcessStatus], controller: dict | None = None)
         rows = [("process", "kind", "state", "pid", "detail")]
         for item in control:
             status = item.status or {}
-            detail = (f"{item.spec.client_address} mode {status.get('mode', '-')}" if item.spec.kind == "zookeeper"
-                      else ("active" if status.get("active") else "standby") if item.status else item.error or "-")
+            if item.spec.kind == "zookeeper":
+                detail = f"{item.spec.client_address} mode {status.get('mode', '-')}"
+            elif item.spec.kind == "toxiproxy":
+                detail = f"http://{item.spec.client_address} version {status.get('version', '-')}"
+            else:
+                detail = ("active" if status.get("active") else "standby") if item.status else item.error or "-"
             rows.append((item.spec.name, item.spec.kind, item.state, str(item.pid or "-"), detail))
         lines.append("control plane")
         lines.extend("  " + line for line in _table(rows))

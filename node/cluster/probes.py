@@ -4,6 +4,7 @@ concurrent loops ``up`` and ``status`` run them in.
     zookeeper    answers the `srvr` four-letter word, and `conf` names the cluster's data directory
     controller   its id is among the contenders of the cluster's controller election
     node         answers `status` with its own node id
+    toxiproxy    answers GET /version (a proxied cluster's proxy server)
 
 A probe returns the process's status as a dict, or raises one of ``PROBE_FAILURES`` (or
 ClusterError) saying why it is not ready; ``probe`` turns that into ``(None, why)``.
@@ -20,6 +21,7 @@ from ..client import open_admin
 from ..errors import NodeError
 from ..wire.address import split_address
 from .processes import SupervisedProcess
+from .proxies import ToxiproxyAPI
 from .records import ClusterRecords
 from .state import ProcessSpec
 from .topology import ClusterError
@@ -73,6 +75,7 @@ async def _four_letter_word(address: str, word: bytes) -> str:
 async def probe_controller(spec: ProcessSpec, secret: str | None, timeout_s: float) -> dict:
     """The controller's id is among the contenders of its cluster's election (the first leads)."""
     zk_hosts, cluster, controller_id = (_argv_value(spec.argv, flag) for flag in ("--zk", "--cluster", "--id"))
+    zk_hosts = spec.zk_address or zk_hosts   # ZooKeeper itself, not the controller's proxy to it
     contenders = await trio.to_thread.run_sync(_election_contenders, zk_hosts, cluster, timeout_s,
                                                abandon_on_cancel=True)
     if controller_id not in contenders:
@@ -86,12 +89,19 @@ def _election_contenders(zk_hosts: str, cluster: str, timeout_s: float) -> list[
         return records.election_contenders()
 
 
+async def probe_toxiproxy(spec: ProcessSpec, secret: str | None, timeout_s: float) -> dict:
+    """The proxy server's version, from its REST API."""
+    api = ToxiproxyAPI(spec.client_address, timeout_s)
+    version = await trio.to_thread.run_sync(api.version, abandon_on_cancel=True)
+    return {"version": version, "url": api.url}
+
+
 def _argv_value(argv: tuple[str, ...], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
 PROBES: dict[str, Callable[[ProcessSpec, str | None, float], Awaitable[dict]]] = {
-    "node": probe_node, "zookeeper": probe_zookeeper, "controller": probe_controller}
+    "node": probe_node, "zookeeper": probe_zookeeper, "controller": probe_controller, "toxiproxy": probe_toxiproxy}
 PROBE_FAILURES = (NodeError, OSError, trio.TooSlowError)
 
 

@@ -3,7 +3,8 @@
 cluster.json (written atomically: temp file, fsync, rename) holds::
 
     {"format": 1, "cluster": NAME, "directory": DIR, "topology": {...cluster.yaml...},
-     "created_at_ms": ..., "processes": [ProcessSpec.to_json(), ...], "pids": {name: pid}}
+     "created_at_ms": ..., "processes": [ProcessSpec.to_json(), ...], "pids": {name: pid},
+     "proxies": null | {"api": URL, "external": bool, "links": [ProxyLink.to_json(), ...]}}
 
 so that any later command (another ``hastore cluster`` call, a drill, a test fixture) finds
 the processes one ``up`` started. ``locked`` holds an flock on cluster.lock while a command
@@ -32,7 +33,7 @@ class ProcessSpec:
     """One process of the cluster: what it is, how to run it, where it writes, how to reach it."""
 
     name: str                  # unique in the cluster: a node id, "zookeeper", "controller-N"
-    kind: str                  # "node" | "zookeeper" | "controller"; the key of its probe in probes.PROBES
+    kind: str                  # "node" | "zookeeper" | "controller" | "toxiproxy"; the key of its probe in probes.PROBES
     phase: int                 # start order: every process of a phase starts, then all must be ready
     argv: tuple[str, ...]
     config_path: str           # node.yaml, zoo.cfg; a controller's directory (it has no config file)
@@ -43,6 +44,7 @@ class ProcessSpec:
     client_address: str | None = None  # a node's client address; ZooKeeper's host:port
     ha_address: str | None = None
     metrics_address: str | None = None
+    zk_address: str | None = None      # a controller's ZooKeeper itself (its --zk may be its proxy)
 
     @property
     def work_dir(self) -> str:

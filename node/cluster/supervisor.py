@@ -9,6 +9,8 @@
     cluster.kill("g1-n1", signal.SIGKILL)          # chaos and drills: kill -9, SIGSTOP, SIGCONT
     cluster.restart("g1-n1")
     cluster.status()                               # [ProcessStatus], a dead process is state "down"
+    cluster.proxy_links()                          # a proxied cluster's proxies (proxies.py), and
+    cluster.proxy_listing()                        # each one's state in the proxy server (toxics)
     cluster.down()                                 # SIGTERM, bounded wait, SIGKILL; idempotent
 
 Directory layout::
@@ -22,17 +24,22 @@ Directory layout::
     DIR/zookeeper/            controller mode: conf/zoo.cfg, data/, zookeeper.log (server log
                               and JVM output)
     DIR/controller-N/         controller mode: controller.log (`hastore controller start`)
+    DIR/toxiproxy/            proxied: toxiproxy.log (`hastore chaos toxiproxy serve`)
+    DIR/secret                the secret taken from HASTORE_SECRET at `up` (mode 0600)
 
 Every process is described by a ``ProcessSpec`` with a ``kind``; the start order is by
 ``phase`` (plan.py) and readiness is the kind's probe (probes.py):
 
+    phase -1 toxiproxy    proxied only: answers GET /version; then every proxy is created
+                          (with TOXIPROXY_URL set: that Toxiproxy, before phase 0, no process)
     phase 0  zookeeper    answers the `srvr` four-letter word, and `conf` names DIR's data
     phase 1  controller   its id is among the contenders of the cluster's controller election
     phase 2  node         answers `status` (controller mode: every node; then `up` also waits
                           until each group has an elected master)
 
 In static mode (``controller: {mode: static}``) only nodes run: masters in phase 0, slaves
-in phase 1. ``down`` stops in reverse phase order: nodes, controllers, ZooKeeper.
+in phase 1. ``down`` stops in reverse phase order: nodes, controllers, ZooKeeper, the proxy server (or
+deletes the cluster's proxies from TOXIPROXY_URL's Toxiproxy).
 
 The pieces: state.py (cluster.json and the lock), plan.py (the specs, configs written),
 processes.py (the process supervisor: spawn, signal, liveness by pid, bounded stop, shared
@@ -46,6 +53,7 @@ so they outlive the command that started them and a Ctrl-C at its terminal.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import time
@@ -56,14 +64,18 @@ from controller import MasterRecord
 
 from ..errors import NodeConfigError
 from ..server.config import load_config
+from .cluster_secret import with_secret_from_environment
 from .plan import plan_processes
 from .probes import PROBE_TIMEOUT_S, probe_all, ready_or_failures
 from .processes import KILL_WAIT_S, SupervisedProcess, log_tail, spawn, stop as stop_processes, wait_exit
+from .proxies import API_TIMEOUT_S, TOXIPROXY, ProxyLink, ToxiproxyAPI
 from .records import CALL_TIMEOUT_S, ClusterRecords
 from .state import STATE_FILE, STATE_FORMAT, ProcessSpec, locked, read_state, write_state
 from .topology import ClusterError, ClusterTopology, default_topology, topology_from_mapping
 
 __all__ = ["LocalCluster", "ClusterStartError", "ProcessSpec", "ProcessStatus", "StopReport"]
+
+log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
 START_MARKER = "--- hastore cluster: starting"
@@ -161,6 +173,51 @@ class LocalCluster:
         """The node processes (of ``group`` when given), in topology order."""
         return [spec for spec in self.specs if spec.kind == "node" and group in (None, spec.group)]
 
+    # --- proxies (a proxied cluster, proxies.py) ---------------------------------------------
+    @property
+    def proxied(self) -> bool:
+        """Whether the cluster that last ran here routes every link through a proxy."""
+        return bool((self._state or {}).get("proxies"))
+
+    @property
+    def proxy_api_url(self) -> str | None:
+        """The URL of the Toxiproxy API holding this cluster's proxies; None when not proxied."""
+        return ((self._state or {}).get("proxies") or {}).get("api")
+
+    def proxy_links(self) -> list[ProxyLink]:
+        """The cluster's proxies as planned (name, upstream, kind, owner, peer, listen)."""
+        return [ProxyLink.from_json(item) for item in ((self._state or {}).get("proxies") or {}).get("links", [])]
+
+    def proxy_listing(self, timeout_s: float = API_TIMEOUT_S) -> list[dict]:
+        """Each proxy as the server holds it now (name, listen, upstream, enabled, toxics), with
+        its kind, owner and peer; ClusterError when the server does not answer."""
+        found = ToxiproxyAPI(self.proxy_api_url, timeout_s).proxies() if self.proxied else {}
+        listing = []
+        for link in self.proxy_links():
+            held = found.get(link.name)
+            listing.append({**link.to_json(), "present": held is not None,
+                            "enabled": bool(held and held.get("enabled")),
+                            "toxics": (held or {}).get("toxics") or []})
+        return listing
+
+    def _create_proxies(self) -> None:
+        """Create every proxy of the plan on the proxy server (replacing any of the same name)."""
+        ToxiproxyAPI(self.proxy_api_url).populate(self.proxy_links())
+
+    def _delete_external_proxies(self) -> None:
+        """``down`` with TOXIPROXY_URL's Toxiproxy: remove the cluster's proxies from it."""
+        proxies = (self._state or {}).get("proxies") or {}
+        if not proxies.get("external"):
+            return
+        api = ToxiproxyAPI(proxies["api"])
+        try:
+            held = api.proxies()
+            for link in self.proxy_links():
+                if link.name in held:
+                    api.delete(link.name)
+        except ClusterError as error:   # the cluster is down all the same; the proxies outlive it
+            log.warning("could not remove the cluster's proxies from %s: %s", proxies["api"], error)
+
     # --- ZooKeeper's records (controller mode) -------------------------------------------------
     def records(self, call_timeout_s: float = CALL_TIMEOUT_S) -> ClusterRecords:
         """An open ZooKeeper session reading this cluster's records (master records with their
@@ -225,21 +282,28 @@ class LocalCluster:
                 listing = ", ".join(f"{name} (pid {self.pid(name)})" for name in alive)
                 raise ClusterError(f"a cluster is already running in {self.directory}: {listing}; "
                                    f"stop it first with `hastore cluster down --dir {self.directory}`")
-            specs = plan_processes(self.directory, self.topology, self.specs)
+            self.topology = with_secret_from_environment(self.topology, self.directory, os.environ)
+            plan = plan_processes(self.directory, self.topology, self.specs, (self._state or {}).get("proxies"))
+            specs = plan.processes
             self._state = {"format": STATE_FORMAT, "cluster": self.topology.cluster, "directory": self.directory,
                            "topology": self.topology.source, "created_at_ms": int(time.time() * 1000),
-                           "processes": [spec.to_json() for spec in specs], "pids": {}}
+                           "processes": [spec.to_json() for spec in specs], "pids": {}, "proxies": plan.proxies}
             self._write_state()
             try:
+                if plan.proxies and plan.proxies["external"]:
+                    self._create_proxies()
                 for phase in sorted({spec.phase for spec in specs}):
                     batch = [spec for spec in specs if spec.phase == phase]
                     for spec in batch:
                         self._spawn(spec)
                     self._wait_ready(batch)
+                    if any(spec.kind == TOXIPROXY for spec in batch):
+                        self._create_proxies()
                 if self.topology.controller.enabled:
                     self._wait_for_masters(time.monotonic() + self.topology.startup_timeout_s)
             except BaseException:
                 self._stop_all()
+                self._delete_external_proxies()
                 raise
         return specs
 
@@ -282,7 +346,9 @@ class LocalCluster:
             return []
         with locked(self.directory):
             self._state = read_state(self.state_path)
-            return self._stop_all()
+            reports = self._stop_all()
+            self._delete_external_proxies()
+            return reports
 
     def stop(self, name: str) -> StopReport:
         """Stop one process as ``down`` does."""
@@ -357,7 +423,9 @@ class LocalCluster:
             self._spawn(spec)
             try:
                 self._wait_ready([spec])
-            except ClusterStartError:
+                if spec.kind == TOXIPROXY:   # a new server holds no proxy yet
+                    self._create_proxies()
+            except ClusterError:
                 self._stop_many([spec])
                 raise
         return spec

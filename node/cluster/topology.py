@@ -14,7 +14,12 @@ the first a master and the others its slaves, with sync replication on free loop
     all_ack_in_sync_state_set: true   # sync puts wait for every member of the sync-state set;
                                   # default true in controller mode (false in static mode), so
                                   # that any member the controller elects holds every acked write
-    secret: null                  # cluster secret (HMAC challenge for clients and slaves)
+    secret: null                  # cluster secret (HMAC challenge for clients and slaves); better:
+    secret_file: null             # a file holding it (mode 0600; relative to cluster.yaml), named
+                                  # in each node.yaml instead of the secret. With neither, `up`
+                                  # takes HASTORE_SECRET from the environment (cluster_secret.py)
+    proxied: false                # true: every link through a Toxiproxy proxy of its own (proxies.py;
+                                  # `hastore cluster up --proxied`)
     startup_timeout_s: 30         # a node must answer `status` within this, or `up` fails
     shutdown_timeout_s: 10        # SIGTERM grace before SIGKILL
     store: {...}                  # StoreConfig keys over LOCAL_STORE_DEFAULTS (small segments)
@@ -57,13 +62,20 @@ because of a typo. The process kinds the topology yields (``zookeeper``, ``contr
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import os
 import re
-import socket
 from dataclasses import dataclass, field
 
-from ..server.config import config_from_mapping, read_yaml
-from ..errors import NodeConfigError, NodeError
+from ..errors import NodeConfigError
+from ..server.config import config_from_mapping, read_secret_file, read_yaml
+from .errors import ClusterConfigError, ClusterError
+from .ports import PORTS_PER_NODE, NodePorts, assign_ports, free_ports, port_is_free
+
+__all__ = ["ClusterError", "ClusterConfigError", "ClusterTopology", "ControllerSpec", "GroupSpec", "NodeSpec",
+           "NodePorts", "LOCAL_STORE_DEFAULTS", "assign_ports", "default_topology", "free_ports", "load_topology",
+           "port_is_free", "topology_from_mapping"]
 
 # A local demo should not reserve GiBs: 64 MiB segments, no next-segment preallocation,
 # smaller consume queue files (1.2 MB) and sparse index files of ~8 MB. Retention by disk
@@ -74,7 +86,7 @@ LOCAL_STORE_DEFAULTS = {"commitlog_segment_bytes": 64 * 1024 * 1024, "preallocat
                         "index_max_entries": 400_000, "disk_max_used_ratio": 0.95}
 
 _TOP_KEYS = ("cluster", "host", "base_port", "nodes_per_group", "replication", "flush", "min_in_sync_replicas",
-             "all_ack_in_sync_state_set", "secret",
+             "all_ack_in_sync_state_set", "secret", "secret_file", "proxied",
              "startup_timeout_s", "shutdown_timeout_s", "store", "groups", "nodes", "controller")
 _GROUP_KEYS = ("nodes", "master", "replication", "flush", "min_in_sync_replicas", "all_ack_in_sync_state_set",
                "store")
@@ -82,8 +94,8 @@ _SYNC_KEYS = ("min_in_sync_replicas", "all_ack_in_sync_state_set")
 _PORT_KEYS = ("client_port", "ha_port", "metrics_port")
 # NodeConfig keys the cluster sets itself for every node; an override may not change them.
 _OWNED_NODE_KEYS = ("node_id", "cluster", "group", "store_path", "role", "client_address", "ha_address",
-                    "metrics_address", "master_ha_address", "master_client_address", "secret", "zk_hosts",
-                    "priority", "zk_session_timeout_ms")
+                    "metrics_address", "master_ha_address", "master_client_address", "secret", "secret_file",
+                    "zk_hosts", "priority", "zk_session_timeout_ms", "peer_ha_addresses")
 # NodeConfig keys of controller mode; the cluster builds and checks them itself.
 _CONTROLLER_NODE_KEYS = ("zk_hosts", "priority", "zk_session_timeout_ms")
 _CONTROLLER_KEYS = ("mode", "zookeeper", "controllers", "session_timeout_ms", "enable_elect_unclean_master")
@@ -91,27 +103,6 @@ _ZOOKEEPER_KEYS = ("tick_ms", "port")
 CONTROLLERS_MAX = 5
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 NODES_PER_GROUP_MAX = 16
-PORTS_PER_NODE = 3
-
-
-class ClusterError(NodeError):
-    """A local cluster command cannot do what was asked; the message says why and what to do."""
-
-
-class ClusterConfigError(ClusterError):
-    """cluster.yaml has an unknown key or a bad value (the key's path is named)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodePorts:
-    """The three ports of one node on the cluster's host."""
-
-    client_port: int
-    ha_port: int
-    metrics_port: int
-
-    def as_list(self) -> list[int]:
-        return [self.client_port, self.ha_port, self.metrics_port]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +151,14 @@ class ClusterTopology:
     cluster: str = "hastore"
     host: str = "127.0.0.1"
     base_port: int = 0
-    secret: str | None = None
+    secret: str | None = field(default=None, repr=False)   # never in a repr, a log line or a status
+    secret_file: str | None = None        # where the secret comes from when not the YAML (mode 0600)
     startup_timeout_s: float = 30.0
     shutdown_timeout_s: float = 10.0
     groups: tuple[GroupSpec, ...] = ()
-    source: dict = field(default_factory=dict)  # the mapping it was read from (kept in cluster.json)
+    source: dict = field(default_factory=dict, repr=False)  # the mapping it was read from (in cluster.json)
     controller: ControllerSpec = ControllerSpec()
+    proxied: bool = False                 # every link through a Toxiproxy proxy of its own (proxies.py)
 
     @property
     def nodes(self) -> list[NodeSpec]:
@@ -178,9 +171,12 @@ class ClusterTopology:
         raise ClusterError(f"no node {node_id!r} in the topology (nodes: {', '.join(n.node_id for n in self.nodes)})")
 
     def node_config(self, node: NodeSpec, ports: dict[str, NodePorts], store_path: str,
-                    zk_hosts: str | None = None) -> dict:
+                    zk_hosts: str | None = None, peer_ha_addresses: dict | None = None) -> dict:
         """The YAML mapping of ``node``'s config, with every node's ports resolved. In controller
-        mode it names ZooKeeper (``zk_hosts``, required then) instead of a static role."""
+        mode it names ZooKeeper (``zk_hosts``, required then) instead of a static role. A
+        proxied cluster gives the node's own ZooKeeper proxy as ``zk_hosts`` and the proxy of
+        each slave -> master pair in ``peer_ha_addresses``. The secret is named by its file
+        when it has one, so that node.yaml does not hold it."""
         group = next(g for g in self.groups if g.name == node.group)
         own = ports[node.node_id]
         mapping = {"node_id": node.node_id, "cluster": self.cluster, "group": node.group, "store_path": store_path,
@@ -197,8 +193,12 @@ class ClusterTopology:
             master = ports[group.master.node_id]
             mapping["master_ha_address"] = self._address(master.ha_port)
             mapping["master_client_address"] = self._address(master.client_port)
-        if self.secret is not None:
+        if self.secret_file is not None:
+            mapping["secret_file"] = self.secret_file
+        elif self.secret is not None:
             mapping["secret"] = self.secret
+        if peer_ha_addresses:
+            mapping["peer_ha_addresses"] = dict(peer_ha_addresses)
         mapping.update(node.config)
         return mapping
 
@@ -218,8 +218,11 @@ def default_topology() -> ClusterTopology:
 
 
 def load_topology(path: str) -> ClusterTopology:
-    """Read and check a cluster.yaml."""
+    """Read and check a cluster.yaml (a relative ``secret_file`` is taken from its directory)."""
     mapping = read_yaml(path, "cluster config", ClusterConfigError)
+    if isinstance(mapping, dict) and isinstance(mapping.get("secret_file"), str):
+        where = os.path.dirname(os.path.abspath(path))
+        mapping = {**mapping, "secret_file": os.path.join(where, os.path.expanduser(mapping["secret_file"]))}
     try:
         return topology_from_mapping(mapping)
     except ClusterConfigError as error:
@@ -234,9 +237,8 @@ def topology_from_mapping(mapping: object) -> ClusterTopology:
     host = _loopback_host(mapping.get("host", "127.0.0.1"))
     base_port = _integer(mapping.get("base_port", 0), "base_port", 0, 65535)
     per_group = _integer(mapping.get("nodes_per_group", 3), "nodes_per_group", 1, NODES_PER_GROUP_MAX)
-    secret = mapping.get("secret")
-    if secret is not None and (not isinstance(secret, str) or not secret):
-        raise ClusterConfigError("secret: must be a non-empty string when set")
+    secret, secret_file = _secret(mapping)
+    proxied = _boolean(mapping.get("proxied", False), "proxied")
     startup = _number(mapping.get("startup_timeout_s", 30), "startup_timeout_s", 1, 600)
     shutdown = _number(mapping.get("shutdown_timeout_s", 10), "shutdown_timeout_s", 0.1, 600)
     controller = _controller(mapping.get("controller"))
@@ -261,12 +263,32 @@ def topology_from_mapping(mapping: object) -> ClusterTopology:
     for node_id in overrides:
         if node_id not in known_ids:
             raise ClusterConfigError(f"nodes.{node_id}: no such node (nodes: {', '.join(known_ids)})")
+    if secret_file is not None:
+        mapping = {**mapping, "secret_file": secret_file}   # absolute: cluster.json is read from anywhere
     topology = ClusterTopology(cluster=cluster, host=host, base_port=base_port, secret=secret,
-                               startup_timeout_s=startup, shutdown_timeout_s=shutdown, groups=groups,
-                               source=dict(mapping), controller=controller)
+                               secret_file=secret_file, startup_timeout_s=startup, shutdown_timeout_s=shutdown,
+                               groups=groups, source=dict(mapping), controller=controller, proxied=proxied)
     topology = _with_base_ports(topology)
     _check_node_configs(topology)
     return topology
+
+
+def _secret(mapping: dict) -> tuple[str | None, str | None]:
+    """(the secret, the file it was read from): ``secret``, or ``secret_file`` (mode 0600)."""
+    secret, path = mapping.get("secret"), mapping.get("secret_file")
+    if secret is not None and path is not None:
+        raise ClusterConfigError("secret_file: give secret or secret_file, not both")
+    if secret is not None and (not isinstance(secret, str) or not secret):
+        raise ClusterConfigError("secret: must be a non-empty string when set")
+    if path is None:
+        return secret, None
+    if not isinstance(path, str) or not path.strip():
+        raise ClusterConfigError(f"secret_file: must be a file path, not {path!r}")
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        return read_secret_file(path), path
+    except NodeConfigError as error:
+        raise ClusterConfigError(str(error)) from None
 
 
 def _controller(value: object) -> ControllerSpec:
@@ -352,9 +374,7 @@ def _with_base_ports(topology: ClusterTopology) -> ClusterTopology:
             fixed = node.fixed_ports or NodePorts(first, first + 1, first + 2)
             nodes.append(NodeSpec(node.node_id, node.group, node.role, fixed, node.config))
         groups.append(GroupSpec(group.name, tuple(nodes)))
-    return ClusterTopology(topology.cluster, topology.host, topology.base_port, topology.secret,
-                           topology.startup_timeout_s, topology.shutdown_timeout_s, tuple(groups), topology.source,
-                           topology.controller)
+    return dataclasses.replace(topology, groups=tuple(groups))
 
 
 def _check_node_configs(topology: ClusterTopology) -> None:
@@ -375,67 +395,6 @@ def _check_node_configs(topology: ClusterTopology) -> None:
         if port in seen:
             raise ClusterConfigError(f"port {port} is given to both {seen[port]} and {node_id}")
         seen[port] = node_id
-
-
-# --- ports ---------------------------------------------------------------------------------
-def assign_ports(topology: ClusterTopology, previous: dict[str, NodePorts]) -> dict[str, NodePorts]:
-    """Ports of every node: fixed ones as given; otherwise the ones a previous run used in the
-    same directory (so addresses and message ids stay put) when they are still free; else
-    fresh free ports. Raises ClusterError when a fixed port is taken."""
-    assigned: dict[str, NodePorts] = {}
-    for node in topology.nodes:
-        if node.fixed_ports:
-            busy = [port for port in node.fixed_ports.as_list() if not port_is_free(topology.host, port)]
-            if busy:
-                raise ClusterError(f"node {node.node_id}: port(s) {', '.join(map(str, busy))} on {topology.host} "
-                                   f"are in use; free them or choose another base_port")
-            assigned[node.node_id] = node.fixed_ports
-    taken = {port for ports in assigned.values() for port in ports.as_list()}
-    for node in topology.nodes:
-        if node.node_id in assigned:
-            continue
-        old = previous.get(node.node_id)
-        if old and not taken & set(old.as_list()) and all(port_is_free(topology.host, p) for p in old.as_list()):
-            assigned[node.node_id] = old
-            taken |= set(old.as_list())
-    wanted = [node.node_id for node in topology.nodes if node.node_id not in assigned]
-    fresh = free_ports(topology.host, PORTS_PER_NODE * len(wanted), exclude=taken)
-    for index, node_id in enumerate(wanted):
-        assigned[node_id] = NodePorts(*fresh[PORTS_PER_NODE * index:PORTS_PER_NODE * (index + 1)])
-    return assigned
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a listener could bind ``host:port`` now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the node's listener does
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(host: str, count: int, exclude: set[int] = frozenset()) -> list[int]:
-    """``count`` distinct ports the kernel hands out as free, all bound at once so none repeats."""
-    sockets: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        for _ in range(count + len(exclude) + 16):  # bounded: a few spare tries for excluded ports
-            if len(ports) == count:
-                break
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(probe)
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-            if port not in exclude:
-                ports.append(port)
-    finally:
-        for probe in sockets:
-            probe.close()
-    if len(ports) != count:
-        raise ClusterError(f"could not find {count} free ports on {host}")
-    return ports
 
 
 # --- value checks --------------------------------------------------------------------------

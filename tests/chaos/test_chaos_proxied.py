@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
 import trio
 
+from chaos import nemesis
 from chaos.nemesis import ha_proxy
 from chaos.proxied_cluster import node_overrides, open_proxies, plan_proxies
 from chaos.run import RunSettings, run_chaos
 from chaos.workload import LoadSettings
 from node.client import open_admin
+from node.cluster import proxies
 from node.errors import NodeConfigError
 from node.server.config import config_from_mapping
 
@@ -25,9 +28,16 @@ def test_the_plan_names_a_proxy_per_link_and_routes_each_node_through_its_own():
                           "g1-n2_to_g1-n1_ha", "g1-n1_to_zk", "g1-n2_to_zk", "g2-n1_to_zk", "controller-1_to_zk"}
     assert names["g1-n2_to_g1-n1_ha"].upstream == "h:1" and names["client_to_g2-n1"].upstream == "c:3"
     listen = {link.name: f"p:{index}" for index, link in enumerate(links)}
-    overrides = node_overrides("g1-n2", links, listen, {"g1-n1": "h:1", "g1-n2": "h:2", "g2-n1": "h:3"})
+    links = tuple(dataclasses.replace(link, listen=listen[link.name]) for link in links)
+    overrides = node_overrides("g1-n2", links, {"g1-n1": "h:1", "g1-n2": "h:2", "g2-n1": "h:3"})
     assert overrides == {"peer_ha_addresses": {"h:1": listen["g1-n2_to_g1-n1_ha"]}, "zk_hosts": listen["g1-n2_to_zk"]}
-    assert plan_proxies(nodes, None, []) == tuple(l for l in links if l.kind != "zk")
+    assert plan_proxies(nodes, None, []) == tuple(dataclasses.replace(l, listen=None) for l in links if l.kind != "zk")
+
+
+def test_the_cluster_names_its_proxies_as_the_nemeses_cut_them():
+    assert (proxies.client_proxy("g1-n1"), proxies.ha_proxy("g1-n3", "g1-n2"), proxies.zk_proxy("controller-1")) == (
+        nemesis.client_proxy("g1-n1"), nemesis.ha_proxy("g1-n3", "g1-n2"), nemesis.zk_proxy("controller-1")) == (
+        "client_to_g1-n1", "g1-n3_to_g1-n2_ha", "controller-1_to_zk")
 
 
 def test_node_config_takes_peer_ha_addresses_and_checks_them():
