@@ -6,9 +6,11 @@ offsets, the topics.
 
 MessageStore composes it and answers its read calls with it (after checking that it runs).
 A reader sees a message once it is dispatched; with ``limit_to_confirm_offset(True)`` (a
-master under a controller) a pull also stops before the first message not wholly below the
-confirm offset. A pull reads through Integrity: a record whose CRC fails is skipped and
-named, a ConsumeQueue that disagrees with the log is rebuilt from it.
+master or slave under a controller) it sees only messages wholly below the confirm offset:
+a pull stops before the first one that is not, a key or message-id query leaves it out, a
+time query answers as if it were not stored yet. A pull reads through Integrity: a record
+whose CRC fails is skipped and named, a ConsumeQueue that disagrees with the log is rebuilt
+from it.
 """
 
 from __future__ import annotations
@@ -76,8 +78,12 @@ class StoreReads:
         self._up_to_confirm_offset = False
 
     def limit_to_confirm_offset(self, enabled: bool) -> None:
-        """Whether pulls stop before the first message not wholly below the confirm offset."""
+        """Whether reads (pulls and queries) see only messages wholly below the confirm offset."""
         self._up_to_confirm_offset = enabled
+
+    def _read_limit(self) -> int | None:
+        """The CommitLog offset no message served may reach past, or None for no limit."""
+        return self._replica_log.confirm_offset if self._up_to_confirm_offset else None
 
     def pull(self, topic: str, queue_id: int, queue_offset: int, max_count: int = 32,
              max_bytes: int = 8 * 1024 * 1024) -> GetResult:
@@ -92,7 +98,7 @@ class StoreReads:
             return GetResult(GetStatus.OFFSET_OVERFLOW, [], max_offset, min_offset, max_offset)
         if queue_offset == max_offset:
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], queue_offset, min_offset, max_offset)
-        read_limit = self._replica_log.confirm_offset if self._up_to_confirm_offset else None
+        read_limit = self._read_limit()
         count = min(max_count, PULL_BATCH_MAX)
         read = self._integrity.read_queue(queue, queue_offset, count, check_crc=self._check_crc,
                                          read_limit=read_limit, max_bytes=max_bytes)
@@ -119,12 +125,15 @@ class StoreReads:
         [begin_ms, end_ms]; the newest ``max_count``, returned oldest first."""
         key_hash = codec.index_key_hash(f"{topic}#{key}")
         found: dict[int, StoredMessage] = {}
+        limit = self._read_limit()
         for offset in self._index.candidates(key_hash, begin_ms, end_ms):
             if offset in found or offset < self._commit_log.min_offset or offset >= self._dispatcher.dispatched_offset:
                 continue
             try:
                 message = self._commit_log.read_message(offset, check_crc=self._check_crc)
             except (MessageNotFound, StoreCorruptError):
+                continue
+            if limit is not None and offset + message.total_size > limit:
                 continue
             if message.topic == topic and begin_ms <= message.store_timestamp <= end_ms and \
                     (key in message.keys or message.uniq_key == key):
@@ -139,7 +148,7 @@ class StoreReads:
         queue = self._queues.get(topic, queue_id)
         if queue is None:
             return 0
-        low, high = self._queue_min(queue), queue.max_offset
+        low, high = self._queue_min(queue), self._readable_max(queue)
         while low < high:
             middle = (low + high) // 2
             stored_at = self._commit_log.store_timestamp_at(queue.physical_offset_at(middle))
@@ -158,6 +167,24 @@ class StoreReads:
         """The queue offset the queue's next dispatched message gets (0 for an unknown queue)."""
         queue = self._queues.get(topic, queue_id)
         return queue.max_offset if queue else 0
+
+    def _readable_max(self, queue) -> int:
+        """The queue's max offset; under the confirm-offset limit, its first entry whose message
+        is not wholly below the confirm offset (entries' log offsets rise with queue offsets)."""
+        limit = self._read_limit()
+        low, high = self._queue_min(queue), queue.max_offset
+        last = queue.entry(high - 1) if limit is not None and low < high else None
+        if last is None or last.physical_offset + last.size <= limit:
+            return high
+        while low < high:
+            middle = (low + high) // 2
+            entry = queue.entry(middle)   # None: a filler for an unreadable record, judged by its start
+            end = entry.physical_offset + entry.size if entry else queue.physical_offset_at(middle) + 1
+            if end <= limit:
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
     def _queue_min(self, queue) -> int:
         """First entry whose message still exists (retention may have cut the log under it)."""
@@ -179,7 +206,8 @@ class StoreReads:
             host, offset = codec.parse_message_id(message_id)
         except ValueError as error:
             raise MessageNotFound(str(error)) from None
-        if offset >= self._dispatcher.dispatched_offset:
+        limit = self._read_limit()
+        if offset >= self._dispatcher.dispatched_offset or (limit is not None and offset >= limit):
             raise MessageNotFound(f"no message at offset {offset} yet")
         try:
             message = self._commit_log.read_message(offset, check_crc=self._check_crc)
@@ -189,6 +217,8 @@ class StoreReads:
             raise
         if message.physical_offset != offset or message.store_host != host:
             raise MessageNotFound(f"message id {message_id} names {host} offset {offset}, which holds another message")
+        if limit is not None and offset + message.total_size > limit:
+            raise MessageNotFound(f"no message at offset {offset} yet")
         return message
 
     def topics(self) -> dict[str, list[int]]:
