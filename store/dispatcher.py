@@ -185,6 +185,9 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.error: BaseException | None = None
+        # why the last pass could not create a ConsumeQueue or index file (DiskFullError),
+        # until a pass succeeds: the store refuses puts meanwhile (store/room.py)
+        self.room_wait: str | None = None
 
     def add_listener(self, listener: DispatchListener) -> None:
         """``listener(dispatched_offset, grown_queues)`` runs after each pass, on the thread that
@@ -221,6 +224,7 @@ class Dispatcher:
                 offset = segment.end_offset if blank else segment.start_offset + stop
             self.dispatched_messages += count
             self.dispatched_offset = offset
+            self.room_wait = None
         for listener in self._listeners:
             listener(self.dispatched_offset, grown)
         return count
@@ -290,7 +294,7 @@ class Dispatcher:
             self.wake.clear()
             return self.dispatch_available(bytes_max)
         except DiskFullError as error:  # no room for a ConsumeQueue or index file: the next wake retries
-            log.warning("dispatch waits for room on disk: %s", error)
+            self._wait_for_room(error)
             return None
         except Exception as error:  # surfaced through statistics and health checks, as on the thread
             self.error = error
@@ -310,12 +314,17 @@ class Dispatcher:
                 while not self._stopping and self.dispatch_available():
                     pass
             except DiskFullError as error:  # no room for a ConsumeQueue or index file: retried
-                log.warning("dispatch waits for room on disk: %s", error)
+                self._wait_for_room(error)
                 time.sleep(DISK_FULL_RETRY_S)
             except BaseException as error:  # surfaced through statistics and health checks
                 self.error = error
                 log.exception("dispatcher stopped: %s", error)
                 return
+
+    def _wait_for_room(self, error: DiskFullError) -> None:
+        if self.room_wait is None:
+            log.warning("dispatch waits for room on disk (puts are refused meanwhile): %s", error)
+        self.room_wait = str(error)
 
     def stop(self) -> None:
         self._stopping = True

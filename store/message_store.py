@@ -41,6 +41,7 @@ from .reads import GetResult, GetStatus, StoreReads
 from .recovery import RecoveryReport, recover
 from .replica_log import CUT, RESET, ReplicaLog
 from .retention import Retention
+from .room import DiskRoom
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class MessageStore:
         self.reads = StoreReads(self.commit_log, self.queues, self.index, self.dispatcher, self.integrity,
                                 self.replica_log, check_crc=config.check_crc_on_read)
         self.preparer = Preparer(config.commitlog_segment_bytes)
+        self.room = DiskRoom(root, self.dispatcher, self.index, consume_queue_file_bytes=config.consume_queue_file_bytes)
         self._lock_fd: int | None = None
         self._running = False
         self._abort_path = os.path.join(root, "abort")
@@ -240,6 +242,11 @@ class MessageStore:
         encoded column-wise (``put_batch``); any other is prepared and placed one message at a
         time (``Preparer.prepare``, ``CommitLog.append``). Both write the same bytes."""
         self._check_running()
+        refusal = self.room.refusal()
+        if refusal is not None:
+            self._wake_dispatcher()   # a dispatch waiting for room tries again: writes resume once it has room
+            refused = PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=refusal)
+            return [refused] * (len(batch.bodies) if type(batch) is PlainBatch else len(batch))
         if self.replica_log.writes_need_catch_up:
             self.replica_log.catch_up_for_writes()
         columns = self.preparer.regular_columns(batch)

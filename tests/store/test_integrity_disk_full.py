@@ -10,10 +10,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from store import MessageStore
+from store import Message, MessageStore, PutStatus
 from store_helpers import make_config, pull_all
 
 pytestmark = pytest.mark.integration
@@ -91,5 +92,71 @@ def test_full_disk_refuses_writes_without_sigbus_and_recovers_after_space_is_fre
             assert by_queue[i % 4][queue_offset] == b"m%d" % i + b"." * 500
         last = acked[-1][0]
         assert [m.body[:8] for m in store.query_by_key("Full", f"k{last}")] == [(b"m%d" % last + b"." * 8)[:8]]
+    finally:
+        store.shutdown()
+
+
+ROOM_SETTINGS = dict(SETTINGS, preallocate_next_segment=False)   # nothing reserved behind the test's back
+
+
+def _put(store, queue_id: int, i: int):
+    return store.put(Message(topic="Room", queue_id=queue_id, body=b"r%d" % i + b"." * 200, keys=[f"r{i}"]))
+
+
+def test_a_put_is_refused_not_acked_when_its_consume_queue_file_would_not_fit(small_disk):
+    """The segment is reserved, but a new queue's ConsumeQueue file would not fit: before,
+    the put was acked and the dispatcher waited for room; now it is refused, writes nothing,
+    and is accepted once space is freed."""
+    store = MessageStore(make_config(str(small_disk / "store"), **ROOM_SETTINGS))
+    store.start()
+    try:
+        assert _put(store, 0, 0).status is PutStatus.PUT_OK
+        assert store.wait_dispatched()
+        headroom = store.room.headroom_bytes()
+        assert headroom == store.config.consume_queue_file_bytes   # the index file has room for 1,999 more keys
+        filler = _fill_disk(small_disk, 4096)
+        assert store.room.free_bytes() < headroom
+        end = store.commit_log.max_offset
+        for queue_id in (1, 0):   # a new queue, and one whose file has room: the rule does not guess which
+            refused = _put(store, queue_id, 1)
+            assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE and refused.reason.startswith("no room on disk")
+        assert store.commit_log.max_offset == end and store.room.refused_puts == 2
+        os.unlink(filler)
+        assert _put(store, 1, 2).status is PutStatus.PUT_OK
+        assert store.wait_dispatched()
+        assert [m.body[:2] for m in pull_all(store, "Room", 1)] == [b"r2"]
+        assert store.dispatcher.room_wait is None
+    finally:
+        store.shutdown()
+
+
+def test_puts_are_refused_while_dispatch_waits_for_room_and_accepted_once_it_has_it(small_disk):
+    """Room for one ConsumeQueue file passes the headroom check, but a batch opening three
+    queues needs three: the dispatcher waits for room, and every put is refused until a
+    pass succeeds. The messages acked before are in the log and served once space is freed."""
+    store = MessageStore(make_config(str(small_disk / "store"), **ROOM_SETTINGS))
+    store.start()
+    try:
+        assert _put(store, 0, 0).status is PutStatus.PUT_OK
+        assert store.wait_dispatched()
+        filler = _fill_disk(small_disk, 16 * 1024)   # one 10 KiB ConsumeQueue file fits, two do not
+        batch = [Message(topic="Room", queue_id=q, body=b"b%d" % q + b"." * 200) for q in (1, 2, 3)]
+        assert [r.status for r in store.put_batch(batch)] == [PutStatus.PUT_OK] * 3
+        deadline = time.monotonic() + 10
+        while store.dispatcher.room_wait is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.dispatcher.room_wait is not None, "dispatch never ran out of room"
+        refused = _put(store, 0, 1)
+        assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE
+        assert refused.reason.startswith("no room on disk: dispatch waits for room"), refused.reason
+        os.unlink(filler)
+        deadline = time.monotonic() + 10   # the refused put woke the dispatcher: its retry finds room
+        while store.dispatcher.room_wait is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.dispatcher.room_wait is None
+        assert _put(store, 0, 2).status is PutStatus.PUT_OK
+        assert store.wait_dispatched()
+        assert [m.body[:2] for q in (1, 2, 3) for m in pull_all(store, "Room", q)] == [b"b1", b"b2", b"b3"]
+        assert [m.body[:2] for m in pull_all(store, "Room", 0)] == [b"r0", b"r2"]
     finally:
         store.shutdown()
