@@ -26,10 +26,10 @@ def small_topology(**changes):
                                   **changes})
 
 
-def hastore(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    """Run the real `hastore` command line in a child process."""
+def hastore(*args: str, timeout_s: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real `hastore` command line in a child process (``env``: its whole environment)."""
     return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s)
+                          timeout=timeout_s, env=env)
 
 
 def node_status(address: str, secret: str | None = None) -> dict:
