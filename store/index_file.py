@@ -312,8 +312,11 @@ class IndexFile:
         """(keyHash, phyOffset, timeDiff, prevIndex) of entry ``number``."""
         return ENTRY.unpack_from(self.mm, self._entries_at + number * ENTRY_BYTES)
 
-    def candidates(self, key_hash: int, begin_ms: int, end_ms: int):
-        """Yield CommitLog offsets of entries with ``key_hash`` stored in [begin_ms, end_ms], newest first.
+    def chain(self, key_hash: int, begin_ms: int, end_ms: int):
+        """Yield (entry's key hash, CommitLog offset, wanted) for each entry of ``key_hash``'s
+        slot chain the walk visits, newest first; wanted: the entry has ``key_hash`` and was
+        stored in [begin_ms, end_ms]. A reader checks the entries it visits against their
+        records (a damaged entry is found by the first query that meets it).
 
         timeDiff keeps whole seconds, so an entry's real store time lies in
         [base + diff*1000, base + diff*1000 + 999]; the filter keeps every entry whose
@@ -332,8 +335,7 @@ class IndexFile:
             if time_diff < 0:
                 return
             time_read = header.begin_timestamp + time_diff * 1000
-            if read_hash == key_hash and time_read <= end_ms and time_read + 999 >= begin_ms:
-                yield physical_offset
+            yield read_hash, physical_offset, read_hash == key_hash and time_read <= end_ms and time_read + 999 >= begin_ms
             if time_read + 999 < begin_ms or previous >= number:
                 return
             number = previous
@@ -503,15 +505,15 @@ class IndexService:
             index = index_file.put_many(key_hashes, physical_offsets, store_timestamps, index)
         self.dirty = True
 
-    def candidates(self, key_hash: int, begin_ms: int, end_ms: int):
-        """Yield candidate CommitLog offsets for ``key_hash``, newest files first."""
+    def chain(self, key_hash: int, begin_ms: int, end_ms: int):
+        """``IndexFile.chain`` over the files whose time range meets [begin_ms, end_ms], newest first."""
         for index_file in reversed(self.files):
             header = index_file.header
             if header.index_count <= 1:
                 continue
             if header.begin_timestamp > end_ms or header.end_timestamp + 999 < begin_ms:
                 continue
-            yield from index_file.candidates(key_hash, begin_ms, end_ms)
+            yield from index_file.chain(key_hash, begin_ms, end_ms)
 
     @property
     def end_physical_offset(self) -> int:

@@ -122,25 +122,54 @@ class StoreReads:
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**63 - 1,
                      max_count: int = 32) -> list[StoredMessage]:
         """Messages of ``topic`` whose KEYS hold ``key`` (or whose UNIQ_KEY is it), stored in
-        [begin_ms, end_ms]; the newest ``max_count``, returned oldest first."""
+        [begin_ms, end_ms]; the newest ``max_count``, returned oldest first.
+
+        Every index entry the query visits is checked against the record it points at: one
+        that names no record, or a record none of whose keys has the entry's hash, means the
+        index is damaged (start checks follow only a sample of entries). The index is then
+        rebuilt from the log (logged at WARNING, counted in the integrity statistics) and the
+        query answered from the rebuilt one."""
         key_hash = codec.index_key_hash(f"{topic}#{key}")
+        found, damage = self._query_index(topic, key, key_hash, begin_ms, end_ms, max_count)
+        if damage:
+            log.warning("index: %s; rebuilding the index from the log", damage)
+            self._integrity.rebuild_index()
+            found, damage = self._query_index(topic, key, key_hash, begin_ms, end_ms, max_count)
+            if damage:
+                raise StoreCorruptError(f"the index still disagrees with the log after a rebuild: {damage}")
+        return [found[offset] for offset in sorted(found)]
+
+    def _query_index(self, topic: str, key: str, key_hash: int, begin_ms: int, end_ms: int,
+                     max_count: int) -> tuple[dict[int, StoredMessage], str]:
+        """The messages found for the key by offset, and the first damage met ('' for none)."""
         found: dict[int, StoredMessage] = {}
         limit = self._read_limit()
-        for offset in self._index.candidates(key_hash, begin_ms, end_ms):
-            if offset in found or offset < self._commit_log.min_offset or offset >= self._dispatcher.dispatched_offset:
-                continue
+        commit_log = self._commit_log
+        checked: set[tuple[int, int]] = set()
+        for entry_hash, offset, wanted in self._index.chain(key_hash, begin_ms, end_ms):
+            if offset in found or (entry_hash, offset) in checked or offset < commit_log.min_offset \
+                    or offset >= self._dispatcher.dispatched_offset:
+                continue   # before the log (retention) or past what dispatch wrote (in flight)
+            checked.add((entry_hash, offset))
             try:
-                message = self._commit_log.read_message(offset, check_crc=self._check_crc)
-            except (MessageNotFound, StoreCorruptError):
+                message = commit_log.read_message(offset, check_crc=self._check_crc and wanted)
+            except MessageNotFound:
                 continue
-            if limit is not None and offset + message.total_size > limit:
+            except StoreCorruptError:
+                if commit_log.record_starts_at(offset) or commit_log.boundary_at(offset + _size_field(commit_log, offset)):
+                    continue   # the record is damaged, not the entry: scrub and repair see to it
+                return found, f"an entry of key hash {entry_hash} points at {offset}, where no record starts"
+            if entry_hash not in _key_hashes(message):
+                return found, (f"an entry of key hash {entry_hash} points at {offset}, whose record "
+                               f"({message.topic}) has no key with that hash")
+            if not wanted or (limit is not None and offset + message.total_size > limit):
                 continue
             if message.topic == topic and begin_ms <= message.store_timestamp <= end_ms and \
                     (key in message.keys or message.uniq_key == key):
                 found[offset] = message
                 if len(found) >= max_count:
                     break
-        return [found[offset] for offset in sorted(found)]
+        return found, ""
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The queue offset of the first message stored at or after ``timestamp_ms``
@@ -224,3 +253,17 @@ class StoreReads:
     def topics(self) -> dict[str, list[int]]:
         """Topics with their queue ids, as the ConsumeQueues know them."""
         return self._queues.topics()
+
+
+def _key_hashes(message: StoredMessage) -> set[int]:
+    """The index hashes the dispatcher writes for ``message``: each key and the unique key."""
+    keys = list(message.keys) + ([message.uniq_key] if message.uniq_key else [])
+    return {codec.index_key_hash(f"{message.topic}#{key}") for key in keys}
+
+
+def _size_field(commit_log: CommitLog, offset: int) -> int:
+    """The TOTALSIZE field at ``offset`` (0 when outside the log)."""
+    segment = commit_log.segments.find(offset)
+    if segment is None or offset - segment.start_offset + 4 > segment.size:
+        return 0
+    return int.from_bytes(segment.mm[offset - segment.start_offset:offset - segment.start_offset + 4], "big", signed=True)
