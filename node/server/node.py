@@ -135,7 +135,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
                            write_permit=controller.agent.may_ack if controller is not None else None,
                            on_sync_state_set_change=controller.persist_sync_state_set if controller is not None
                            else None,
-                           on_confirm_advanced=waiters.notify_all)
+                           on_confirm_advanced=_confirm_listeners(waiters.notify_all, sys_config.confirm_advanced))
             # lag samples per slave while master; status reply and metrics read lag status through it
             lag = LagSampler(config.node_id, config.group, ha.status, LagHistory(time.time), journal=LagJournal(
                 config.lag_history_path, config.group) if config.lag_history_path else None)
@@ -217,6 +217,15 @@ class StatusSources:
                 "metrics_address": self.metrics_address, "replication": self.replication(),
                 "controller": self.controller() if self.controller is not None else None,
                 "integrity": self.integrity() if self.integrity is not None else None}
+
+
+def _confirm_listeners(*listeners: Callable[[], None]) -> Callable[[], None]:
+    """One callback telling each of ``listeners`` that the confirm offset moved: the long
+    polls capped at it, and the %SYS%CONFIG records it now covers on a slave."""
+    def confirm_advanced() -> None:
+        for listener in listeners:
+            listener()
+    return confirm_advanced
 
 
 async def _take_static_role(node: Node) -> None:

@@ -11,8 +11,9 @@ replaying one twice is harmless and replaying them in log order always ends at t
 state.
 
 A slave applies the records as they replicate in (``catch_up``, called once a dispatch
-pass grows the %SYS%CONFIG queue), so its topics, subscription groups and consumer
-offsets are current for reads served on it, not only once it is promoted.
+pass grows the %SYS%CONFIG queue, and under a controller once the confirm offset its master
+sends covers records it holds: ``confirm_advanced``), so its topics, subscription groups
+and consumer offsets are current for reads served on it, not only once it is promoted.
 
 Records::
 
@@ -140,6 +141,14 @@ class SysConfig:
         if not self._catch_up_scheduled:
             self._catch_up_scheduled = True
             trio.lowlevel.current_trio_token().run_sync_soon(self.catch_up)
+
+    def confirm_advanced(self) -> None:
+        """The confirm offset moved (on the loop's thread). Under a controller a slave reads
+        its %SYS%CONFIG queue only up to the confirm offset its master sent, so a record that
+        replicated in before the offset covered it was passed over by the catch-up its
+        dispatch pass asked for: it applies now, not at the next record or on promotion."""
+        if self.store.max_offset(SYS_CONFIG_TOPIC, 0) > self.applied_queue_offset:
+            self.catch_up_soon()
 
     # --- start and checkpoint ------------------------------------------------------------
     def replay(self) -> int:
