@@ -403,7 +403,9 @@ from .route_cli import topic_group  # noqa: E402,F401  (topic create|list, route
 @secret_option
 @json_option
 def status_command(bootstrap, secret, as_json) -> None:
-    """A node's role, epoch, offsets and store statistics."""
+    """A node's role, epoch, offsets and store statistics, and its client connections: open
+    of the limit, refused busy, shed (idle or unauthenticated), idle and auth timeouts, reply
+    bytes queued, backpressure pauses, closed for memory."""
     async def main():
         async with open_admin(bootstrap, secret=secret) as admin:
             return await admin.status()
@@ -418,8 +420,21 @@ def status_command(bootstrap, secret, as_json) -> None:
                f"{store['flushed_offset']} dispatched {store['dispatched_offset']} (lag {store['dispatch_lag_bytes']} B)\n"
                f"  messages put {store['put_messages']}, topics {status['topics']}, "
                f"connections {status.get('connections')}")
+    clients = status.get("clients")
+    if clients:
+        click.echo(_clients_line(clients))
     polling = status.get("busy_poll")
     if polling:
         click.echo(f"  busy polling: {polling['window_us']} us window, {polling['reads']} requests read by "
                    f"polling, {polling['seconds']:.3f} s spent polling" if polling["window_us"] else
                    "  busy polling: off")
+
+
+def _clients_line(clients: dict) -> str:
+    """The status text's line on client connections: how many of the limit, which the node
+    closed or refused and why, the bytes it holds for them (node/server/client_limits.py)."""
+    return (f"  clients: {clients['open']} of {clients['limit']} connections; refused busy {clients['refused_busy']}, "
+            f"shed idle {clients['shed_idle']}, shed unauthenticated {clients['shed_unauthenticated']}, "
+            f"idle timeouts {clients['idle_timeouts']}, auth timeouts {clients['auth_timeouts']}; "
+            f"replies queued and partial requests {clients['held_bytes']} B (peak {clients['peak_held_bytes']} B), "
+            f"backpressure pauses {clients['backpressure_pauses']}, closed for memory {clients['closed_for_memory']}")

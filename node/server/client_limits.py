@@ -9,6 +9,10 @@ frame its decoder holds, count against two bounds:
 - in total, ``client_buffer_bytes_max``: past it the connection holding the most bytes is
   closed (the client that reads slowest pays, as Redis's client output buffer limit does).
 
+Counters (``ConnectionCounts``, shown by status replies and metrics): connections open and
+the limit, refused busy, shed idle or unauthenticated, idle timeouts, auth timeouts, bytes
+held, backpressure pauses, closed for memory.
+
 Before authentication a frame may be at most ``unauthenticated_frame_bytes_max`` (64 KiB)
 and it must come within ``auth_timeout_ms``. So the clients' memory is bounded by
 ``client_buffer_bytes_max`` plus the one reply being built (a frame, 16 MiB at most).
@@ -59,6 +63,7 @@ class ConnectionState:
     partial_bytes: int = 0       # of which the partial request frame (never acted on)
     peak_held_bytes: int = 0
     writer_busy: Callable[[], bool] | None = None
+    writer_torn: Callable[[], bool] | None = None   # a write stopped part way: no notice may follow it
     room: trio.Event | None = None
     closed_reason: str | None = None
     notice: bytes | None = None  # what the connection's task writes its client as it ends
@@ -71,14 +76,49 @@ class ConnectionState:
         return self.in_progress == 0 and self.held_bytes == self.partial_bytes
 
 
+@dataclass(slots=True)
+class ConnectionCounts:
+    """A client server's connection counters, the limits' among them. Its owner may make
+    them before the server, so that a part built ahead of it (the status reply the handlers
+    give, the metrics) can read them; the server and its limits only add to them."""
+
+    open: int = 0
+    connections_max: int = 0       # the limit (the limits that count here set it)
+    accepted: int = 0
+    refused_busy: int = 0          # at the limit with every connection working: refused
+    shed_idle: int = 0             # closed to make room for a new connection: the idle longest
+    shed_unauthenticated: int = 0  # ... not authenticated, or silent since it opened
+    idle_timeouts: int = 0         # closed after idle_timeout_ms without a request or a reply
+    auth_failures: int = 0         # no AUTH first, a wrong digest, a broken frame before it, or none in time
+    auth_timeouts: int = 0         # of the failures: no AUTH within auth_timeout_ms
+    frame_errors: int = 0
+    held_bytes: int = 0            # replies built and not written, and partial request frames
+    peak_held_bytes: int = 0
+    # times a reader held requests it had read back until its client read replies: a write
+    # of replies the socket did not take at once, or replies past the connection's bound
+    backpressure_pauses: int = 0
+    closed_for_memory: int = 0     # closed because every connection together held too much
+
+    def status(self) -> dict:
+        """The ``clients`` section of a status reply."""
+        return {"open": self.open, "limit": self.connections_max, "accepted": self.accepted,
+                "refused_busy": self.refused_busy, "shed_idle": self.shed_idle,
+                "shed_unauthenticated": self.shed_unauthenticated, "idle_timeouts": self.idle_timeouts,
+                "auth_timeouts": self.auth_timeouts, "auth_failures": self.auth_failures,
+                "frame_errors": self.frame_errors, "held_bytes": self.held_bytes,
+                "peak_held_bytes": self.peak_held_bytes, "backpressure_pauses": self.backpressure_pauses,
+                "closed_for_memory": self.closed_for_memory}
+
+
 @dataclass(frozen=True, slots=True)
 class ClientLimitsStatistics:
-    connections: int
+    connections: int           # in the limits' table (a connection shed or closed leaves it at once)
     held_bytes: int
     peak_held_bytes: int
     paused_reads: int          # times a reader stopped for a client that did not read its replies
     idle_closed: int
-    shed: int                  # closed to make room for a new connection
+    shed_idle: int             # closed to make room for a new connection
+    shed_unauthenticated: int
     closed_for_memory: int     # closed because every connection together held too much
 
 
@@ -86,7 +126,9 @@ class ClientLimits:
     """The connection table and the byte accounting of one client server."""
 
     def __init__(self, *, connections_max: int, connection_reply_bytes_max: int, client_buffer_bytes_max: int,
-                 idle_timeout_ms: int, clock: Callable[[], float] = trio.current_time) -> None:
+                 idle_timeout_ms: int, counts: ConnectionCounts | None = None,
+                 clock: Callable[[], float] = trio.current_time) -> None:
+        """``counts``: where the limits count what they do (the server's counters)."""
         self.connections_max = connections_max
         self.connection_reply_bytes_max = connection_reply_bytes_max
         self.client_buffer_bytes_max = client_buffer_bytes_max
@@ -94,12 +136,19 @@ class ClientLimits:
         self._clock = clock
         self._connections: dict[int, ConnectionState] = {}   # in the order they opened
         self._next_number = 0
-        self.held_bytes = 0
-        self._peak = self._paused = self._idle_closed = self._shed = self._memory_closed = 0
+        self.counts = counts if counts is not None else ConnectionCounts()
+        self.counts.connections_max = connections_max
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes every connection holds now: replies not written, partial frames."""
+        return self.counts.held_bytes
 
     def statistics(self) -> ClientLimitsStatistics:
-        return ClientLimitsStatistics(len(self._connections), self.held_bytes, self._peak, self._paused,
-                                      self._idle_closed, self._shed, self._memory_closed)
+        counts = self.counts
+        return ClientLimitsStatistics(len(self._connections), counts.held_bytes, counts.peak_held_bytes,
+                                      counts.backpressure_pauses, counts.idle_timeouts, counts.shed_idle,
+                                      counts.shed_unauthenticated, counts.closed_for_memory)
 
     # --- connections ---------------------------------------------------------------------
     def open(self, stream: trio.abc.Stream, scope: trio.CancelScope, authenticated: bool) -> ConnectionState | None:
@@ -110,9 +159,14 @@ class ClientLimits:
             victim = self._victim(now)
             if victim is None:
                 return None
-            self._shed += 1
+            silent = not victim.authenticated or victim.requests == 0
+            if silent:
+                self.counts.shed_unauthenticated += 1
+            else:
+                self.counts.shed_idle += 1
+            why = "not authenticated" if not victim.authenticated else "silent since it opened" if silent else "idle"
             self.close(victim, f"the node is at its {self.connections_max} connection limit and this connection "
-                               f"was {'not authenticated' if not victim.authenticated else 'idle'}", unread=True)
+                               f"was {why}", unread=True)
             self.forget(victim)   # its slot is free now; its task ends at its next checkpoint
         self._next_number += 1
         state = ConnectionState(self._next_number, stream, scope, now, now, authenticated)
@@ -137,7 +191,7 @@ class ClientLimits:
         """The connection ended: its slot and its bytes are free."""
         if self._connections.pop(state.number, None) is None:
             return
-        self.held_bytes -= state.held_bytes
+        self.counts.held_bytes -= state.held_bytes
         state.held_bytes = 0
         if state.room is not None:
             state.room.set()
@@ -166,10 +220,11 @@ class ClientLimits:
         state.held_bytes += count
         if state.held_bytes > state.peak_held_bytes:
             state.peak_held_bytes = state.held_bytes
-        self.held_bytes += count
-        if self.held_bytes > self._peak:
-            self._peak = self.held_bytes
-        if self.held_bytes > self.client_buffer_bytes_max:
+        counts = self.counts
+        counts.held_bytes += count
+        if counts.held_bytes > counts.peak_held_bytes:
+            counts.peak_held_bytes = counts.held_bytes
+        if counts.held_bytes > self.client_buffer_bytes_max:
             self._close_largest()
 
     def release(self, state: ConnectionState, count: int) -> None:
@@ -177,7 +232,7 @@ class ClientLimits:
         if state.number not in self._connections:
             return   # forgotten: its bytes were released all at once
         state.held_bytes -= count
-        self.held_bytes -= count
+        self.counts.held_bytes -= count
         if state.room is not None:
             state.room.set()   # its waiter looks again (with its own bytes left out)
             state.room = None
@@ -198,10 +253,14 @@ class ClientLimits:
         it), only in the total."""
         return state.held_bytes - state.partial_bytes - own_bytes >= self.connection_reply_bytes_max
 
+    def count_pause(self) -> None:
+        """A reader holds read requests back until its client reads the replies built."""
+        self.counts.backpressure_pauses += 1
+
     async def wait_for_room(self, state: ConnectionState, own_bytes: int = 0) -> None:
         """Until the replies ``state`` holds, besides ``own_bytes``, are under its bound."""
         if self.over_bound(state, own_bytes):
-            self._paused += 1
+            self.counts.backpressure_pauses += 1
         while self.over_bound(state, own_bytes) and state.number in self._connections:
             if state.room is None:
                 state.room = trio.Event()
@@ -212,7 +271,7 @@ class ClientLimits:
                       key=lambda s: s.held_bytes, default=None)
         if largest is None or largest.held_bytes == 0:
             return
-        self._memory_closed += 1
+        self.counts.closed_for_memory += 1
         self.close(largest, f"the node's clients hold over {self.client_buffer_bytes_max} bytes of replies and "
                             f"requests, and this connection the most ({largest.held_bytes}): read your replies",
                    unread=False)
@@ -225,7 +284,7 @@ class ClientLimits:
         idle = [s for s in self._connections.values()
                 if s.closed_reason is None and s.idle_for(now) >= self.idle_timeout_s]
         for state in idle:
-            self._idle_closed += 1
+            self.counts.idle_timeouts += 1
             self.close(state, f"idle for {self.idle_timeout_s:g} s (idle_timeout_ms)", unread=state.answered_all())
         return len(idle)
 

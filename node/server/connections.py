@@ -28,13 +28,14 @@ import logging
 import os
 import hmac
 from dataclasses import dataclass
+from typing import Callable
 
 import trio
 
 from ..wire import protocol
 from ..wire.auth import auth_digest
 from .busy_poll import BusyPoll
-from .client_limits import ClientLimits, ClientLimitsStatistics, ConnectionState
+from .client_limits import ClientLimits, ClientLimitsStatistics, ConnectionCounts, ConnectionState
 from .config import NodeConfig
 from ..errors import FrameError
 from .handlers import RequestHandlers
@@ -62,18 +63,6 @@ class ServerStatistics:
     busy_poll_seconds: float   # time spent polling
 
 
-@dataclass(slots=True)
-class ConnectionCounts:
-    """A server's connection counters. Its owner may make them before the server, so that
-    a part built ahead of it (the status reply the handlers give) can read them."""
-
-    open: int = 0
-    accepted: int = 0
-    refused: int = 0
-    frame_errors: int = 0
-    auth_failures: int = 0
-
-
 class ClientServer:
     """Serves the client protocol on any trio stream (TCP or in-memory)."""
 
@@ -87,12 +76,13 @@ class ClientServer:
         self.limits = ClientLimits(connections_max=config.connections_max,
                                    connection_reply_bytes_max=config.connection_reply_bytes_max,
                                    client_buffer_bytes_max=config.client_buffer_bytes_max,
-                                   idle_timeout_ms=config.idle_timeout_ms)
+                                   idle_timeout_ms=config.idle_timeout_ms, counts=self.counts)
+        metrics.watch_clients(self.counts)
 
     def statistics(self) -> ServerStatistics:
         polled = self.busy_poll.statistics()
         counts = self.counts
-        return ServerStatistics(counts.open, counts.accepted, counts.refused, counts.frame_errors,
+        return ServerStatistics(counts.open, counts.accepted, counts.refused_busy, counts.frame_errors,
                                 counts.auth_failures, polled.reads, polled.seconds)
 
     def limits_statistics(self) -> ClientLimitsStatistics:
@@ -105,15 +95,13 @@ class ClientServer:
         scope = trio.CancelScope()
         state = self.limits.open(stream, scope, authenticated=self.config.secret is None)
         if state is None:
-            counts.refused += 1
+            counts.refused_busy += 1
             await _send_and_close(stream, protocol.error_reply(
                 None, ResponseCode.SYSTEM_BUSY, f"the node holds {self.config.connections_max} connections, its "
                 f"limit, and every one is working; try again later", unread=True))
             return
         counts.open += 1
         counts.accepted += 1
-        self.metrics.connections.inc()
-        self.metrics.connections_total.inc()
         try:
             with scope:
                 await self._serve(stream, state)
@@ -123,10 +111,11 @@ class ClientServer:
             log.exception("connection failed")
         finally:
             self.limits.forget(state)
-            if state.notice is not None:
+            # closed from outside while no write was under way, but the task may have begun
+            # one since (the reply whose bytes went over the total bound): never cut into it
+            if state.notice is not None and (state.writer_torn is None or not state.writer_torn()):
                 await _send_and_close(stream, state.notice, timeout_s=NOTICE_TIMEOUT_S)
             counts.open -= 1
-            self.metrics.connections.dec()
             await trio.aclose_forcefully(stream)
 
     async def _serve(self, stream: trio.abc.Stream, state: ConnectionState) -> None:
@@ -144,6 +133,7 @@ class ClientServer:
             decoder = FrameDecoder()
         writer = ReplyWriter(stream, self.config.in_flight_requests_max, self.limits, state)
         state.writer_busy = writer.busy
+        state.writer_torn = writer.torn
         in_flight = trio.Semaphore(self.config.in_flight_requests_max)
         async with trio.open_nursery() as connection:
             connection.start_soon(writer.run, connection.cancel_scope)
@@ -173,7 +163,8 @@ class ClientServer:
             for payload in frames:
                 if replies_bytes and (replies_bytes >= JOIN_BYTES_MAX or limits.over_bound(state)):
                     try:
-                        await self._write_replies(writer, replies)   # blocks while the client does not read
+                        # requests read wait until the client takes these: a pause when it does not at once
+                        await self._write_replies(writer, replies, limits.count_pause)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         return "gone"
                     replies, replies_bytes = [], 0
@@ -213,11 +204,11 @@ class ClientServer:
                 limits.partial_frame(state, decoder.buffered_bytes)
 
     @staticmethod
-    async def _write_replies(writer: ReplyWriter, replies: list[bytes]) -> None:
+    async def _write_replies(writer: ReplyWriter, replies: list[bytes], on_wait=None) -> None:
         if len(replies) == 1:
-            await writer.write(replies[0])
+            await writer.write(replies[0], on_wait)
         else:
-            await writer.write(b"".join(replies))
+            await writer.write(b"".join(replies), on_wait)
 
     async def _run_deferred(self, deferred, writer: ReplyWriter, in_flight: trio.Semaphore,
                             state: ConnectionState) -> None:
@@ -258,6 +249,7 @@ class ClientServer:
                     return None
         if not frames:
             self.counts.auth_failures += 1
+            self.counts.auth_timeouts += 1
             await _send_and_close(stream, protocol.error_reply(None, ResponseCode.AUTH_REQUIRED,
                                                                "no AUTH reply to the challenge in time"))
             return None
@@ -293,20 +285,31 @@ class ReplyWriter:
         self._queue_in, self._queue_out = trio.open_memory_channel[bytes](queued_max)
         self._limits = limits
         self._state = state
+        self._torn = False
 
     def busy(self) -> bool:
         """A write is under way or queued (a notice written now could cut into a reply)."""
         return self._writing.locked() or self._queue_out.statistics().current_buffer_used > 0
+
+    def torn(self) -> bool:
+        """A write stopped part way (cancelled or failed): the stream may end inside a reply,
+        so nothing more may be written to it."""
+        return self._torn
 
     def _written(self, count: int) -> None:
         if self._limits is not None:
             self._limits.release(self._state, count)
             self._state.last_active = trio.current_time()
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, on_wait: Callable[[], None] | None = None) -> None:
         """Write ``data`` now if no write is under way, else queue it (waiting while the queue
-        is full). BrokenResourceError / ClosedResourceError once the peer is gone."""
+        is full). BrokenResourceError / ClosedResourceError once the peer is gone.
+        ``on_wait()`` is called when the write must wait for the peer: the socket did not
+        take it whole at once, or another write is under way (on a stream that is not a
+        socket, every write counts as one that waits)."""
         if self._writing.locked():
+            if on_wait is not None:
+                on_wait()
             await self._queue_in.send(data)
             return
         # acquire_nowait rather than ``async with``, and the socket tried directly: no
@@ -317,7 +320,13 @@ class ReplyWriter:
         try:
             sent = write_now(self.stream, data)
             if sent < len(data):
-                await self.stream.send_all(memoryview(data)[sent:] if sent else data)
+                if on_wait is not None:
+                    on_wait()
+                try:
+                    await self.stream.send_all(memoryview(data)[sent:] if sent else data)
+                except BaseException:
+                    self._torn = True
+                    raise
             self._written(len(data))
         finally:
             self._writing.release()
@@ -344,7 +353,11 @@ class ReplyWriter:
                     data = batch[0] if len(batch) == 1 else b"".join(batch)
                     del batch
                     async with self._writing:
-                        await self.stream.send_all(data)
+                        try:
+                            await self.stream.send_all(data)
+                        except BaseException:
+                            self._torn = True
+                            raise
                     self._written(len(data))
                     del data
             except (trio.BrokenResourceError, trio.ClosedResourceError):

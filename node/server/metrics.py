@@ -70,10 +70,6 @@ class NodeMetrics:
                                      labelnames=["node"]).labels(**labels)
         self.pull_bytes = Counter("hastore_pull_bytes", "Message bytes returned by pull requests", registry=r,
                                   labelnames=["node"]).labels(**labels)
-        self.connections = Gauge("hastore_connections", "Open client connections", registry=r,
-                                 labelnames=["node"]).labels(**labels)
-        self.connections_total = Counter("hastore_connections_accepted", "Client connections accepted",
-                                         registry=r, labelnames=["node"]).labels(**labels)
         self.long_polls = Gauge("hastore_long_polling_pulls", "Pulls waiting for new messages", registry=r,
                                 labelnames=["node"]).labels(**labels)
         self._store_gauges = {
@@ -92,6 +88,11 @@ class NodeMetrics:
         """Read the store gauges from ``store.statistics()`` at each scrape."""
         for name, gauge in self._store_gauges.items():
             gauge.set_function(lambda name=name: getattr(store.statistics(), name))
+
+    def watch_clients(self, counts) -> None:
+        """Client connection gauges and counters read from ``counts`` (the client server's
+        ConnectionCounts, node/server/client_limits.py) at each scrape."""
+        self.registry.register(_ClientCollector(self._node, counts))
 
     def watch_replication(self, status) -> None:
         """Per-slave lag gauges (and the master's confirm offset) read from ``status()`` (the
@@ -136,6 +137,59 @@ class _TallyCollector:
             buckets.append((floatToGoString(bound), cumulative))
         latency.add_metric([node], buckets, sum_value=tally.put_latency_sum_s)
         yield latency
+
+
+class _ClientCollector:
+    """Prometheus collector over a client server's ConnectionCounts: connections open and
+    the limit, how connections ended that the node closed or refused, and the bytes held
+    for clients (node/server/client_limits.py)."""
+
+    GAUGES = (
+        ("open", "hastore_connections", "Open client connections"),
+        ("connections_max", "hastore_connections_max", "Client connections the node holds at most (connections_max)"),
+        ("held_bytes", "hastore_client_held_bytes",
+         "Bytes held for clients: replies built and not yet written, partial request frames"),
+        ("peak_held_bytes", "hastore_client_held_bytes_peak", "The most bytes held for clients at once"),
+    )
+    COUNTERS = (
+        ("accepted", "hastore_connections_accepted", "Client connections accepted"),
+        ("refused_busy", "hastore_connections_refused_busy",
+         "Connections refused (SYSTEM_BUSY) at the limit with every connection working"),
+        ("idle_timeouts", "hastore_connections_idle_timeouts",
+         "Connections closed after idle_timeout_ms with no request or reply"),
+        ("auth_timeouts", "hastore_connections_auth_timeouts", "Connections closed for no AUTH within auth_timeout_ms"),
+        ("auth_failures", "hastore_connections_auth_failures",
+         "Connections that failed authentication (timeouts included)"),
+        ("frame_errors", "hastore_connections_frame_errors", "Connections closed for a broken frame"),
+        ("closed_for_memory", "hastore_connections_closed_for_memory",
+         "Connections closed because all clients together held over client_buffer_bytes_max"),
+        ("backpressure_pauses", "hastore_client_backpressure_pauses",
+         "Times a connection's reader held requests back until its client read replies already built"),
+    )
+
+    def __init__(self, node_id: str, counts) -> None:
+        self._node = node_id
+        self._counts = counts
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        counts, node = self._counts, self._node
+        for field, name, help_text in self.GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=["node"])
+            family.add_metric([node], getattr(counts, field))
+            yield family
+        for field, name, help_text in self.COUNTERS:
+            family = CounterMetricFamily(name, help_text, labels=["node"])
+            family.add_metric([node], getattr(counts, field))
+            yield family
+        shed = CounterMetricFamily("hastore_connections_shed",
+                                   "Connections closed to make room for a new one at the limit: the idle longest, "
+                                   "or one not authenticated or silent since it opened", labels=["node", "reason"])
+        shed.add_metric([node, "idle"], counts.shed_idle)
+        shed.add_metric([node, "unauthenticated"], counts.shed_unauthenticated)
+        yield shed
 
 
 class _ReplicationCollector:

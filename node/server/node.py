@@ -210,7 +210,7 @@ class StatusSources:
 
     def __call__(self) -> dict:
         polled = self.busy_poll.statistics()
-        return {"connections": self.counts.open,
+        return {"connections": self.counts.open, "clients": self.counts.status(),
                 "busy_poll": {"window_us": self.busy_poll_us if self.busy_poll.enabled else 0,
                               "reads": polled.reads, "seconds": round(polled.seconds, 6)},
                 "client_address": self.client_address, "ha_address": self.ha_address,

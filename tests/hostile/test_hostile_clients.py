@@ -6,8 +6,10 @@ out. Each test prints its figures as one JSON line."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
+import urllib.request
 
 import pytest
 import trio
@@ -16,7 +18,7 @@ from node.client import OutgoingMessage, open_admin, open_producer
 from node.wire import protocol
 from node.wire.protocol import RequestCode
 
-from hostile_helpers import NodeProcess, write_config
+from hostile_helpers import NodeProcess, run_hastore, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +91,9 @@ def test_clients_that_do_not_read_hold_bounded_memory_and_others_are_answered(tm
                 return await _answer_times(node.client_address, 6)
         latencies = trio.run(both)
         peak = max(samples)
+        metrics = _scrape(node.ready["metrics_address"])   # while the hostile connections still hold replies
+        held_peak = _sample(metrics, 'hastore_client_held_bytes_peak{node="n1"}')
+        paused = _sample(metrics, 'hastore_client_backpressure_pauses_total{node="n1"}')
         for sock in hostile:
             sock.close()
         hostile.clear()
@@ -99,11 +104,14 @@ def test_clients_that_do_not_read_hold_bounded_memory_and_others_are_answered(tm
                    "growth_mib": round((peak - baseline) / MIB, 1),
                    "bound_mib": (CLIENT_BUFFER_BYTES_MAX + SLACK_BYTES) / MIB,
                    "after_close_rss_mib": round(after / MIB, 1), "requests_answered": len(latencies),
-                   "max_latency_s": round(max(latencies), 3)}
+                   "max_latency_s": round(max(latencies), 3), "held_peak_mib": round(held_peak / MIB, 1),
+                   "backpressure_pauses": paused}
         print(json.dumps({"memory_case_1": figures}))
         assert peak - baseline < CLIENT_BUFFER_BYTES_MAX + SLACK_BYTES, figures
         assert max(latencies) < 1.0, figures
         assert after - baseline < 24 * MIB, figures   # returned once the connections closed
+        # the metrics show it: readers paused for clients that did not read, bytes held within the bound
+        assert paused >= 2 and CONNECTION_REPLY_BYTES_MAX <= held_peak <= CLIENT_BUFFER_BYTES_MAX + 16 * MIB, figures
     finally:
         for sock in hostile:
             sock.close()
@@ -122,7 +130,13 @@ def test_idle_connections_far_past_the_limit_lock_no_real_client_out(tmp_path, s
                 idle.append(_connect(node.client_address))
             except OSError:
                 break
-        time.sleep(0.5)   # older than a new connection's grace: they may be shed now
+        # the kernel completes the connections before the node accepts them: wait (through the
+        # metrics port, which takes no client place) until the node has taken every one, then
+        # until they are older than a new connection's grace, so that they may be shed
+        deadline = time.monotonic() + 30
+        while _accepted_or_refused(node) < len(idle) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
 
         async def real_client() -> dict:
             started = time.monotonic()
@@ -130,11 +144,48 @@ def test_idle_connections_far_past_the_limit_lock_no_real_client_out(tmp_path, s
                 status = await admin.status()
             return {"served_in_s": round(time.monotonic() - started, 3), "connections": status["connections"]}
         served = [trio.run(real_client) for _ in range(3)]
-        figures = {"secret": bool(secret), "limit": limit, "idle_opened": len(idle), "real_clients": served}
+        env = {"HASTORE_SECRET": secret or ""}
+        status = run_hastore("status", "--bootstrap", node.client_address, "--json", env=env)
+        text = run_hastore("status", "--bootstrap", node.client_address, env=env)
+        metrics = _scrape(node.ready["metrics_address"])
+        clients = json.loads(status.stdout)["clients"]
+        figures = {"secret": bool(secret), "limit": limit, "idle_opened": len(idle), "real_clients": served,
+                   "clients": clients}
         print(json.dumps({"lock_out": figures}))
         assert len(idle) == 5 * limit
         assert all(item["served_in_s"] < 5 for item in served), figures
+        # what the node did shows in status (JSON and text) and in its metrics
+        assert clients["limit"] == limit and clients["open"] <= limit, figures
+        assert clients["shed_unauthenticated"] >= 3 and clients["shed_idle"] == 0, figures   # a place per client
+        # every idle connection past the limit took a silent one's place, or was refused if none was old enough
+        assert clients["shed_unauthenticated"] + clients["refused_busy"] >= 4 * limit, figures
+        assert clients["accepted"] >= limit + clients["shed_unauthenticated"], figures
+        assert text.returncode == 0 and f"of {limit} connections; refused busy" in text.stdout, text.stdout
+        # the text status came later (its own connection took one more place)
+        assert int(re.search(r"shed unauthenticated (\d+)", text.stdout).group(1)) >= clients["shed_unauthenticated"]
+        assert _sample(metrics, 'hastore_connections_max{node="n1"}') == limit
+        assert _sample(metrics, 'hastore_connections_shed_total{node="n1",reason="unauthenticated"}') >= \
+            clients["shed_unauthenticated"]
+        assert _sample(metrics, 'hastore_connections_refused_busy_total{node="n1"}') == clients["refused_busy"]
     finally:
         for sock in idle:
             sock.close()
         node.stop()
+
+
+def _scrape(address: str) -> str:
+    """The node's Prometheus text, over HTTP."""
+    host, port = address.rsplit(":", 1)
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def _sample(text: str, head: str) -> float:
+    (value,) = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(head + " ")]
+    return float(value)
+
+
+def _accepted_or_refused(node: NodeProcess) -> float:
+    text = _scrape(node.ready["metrics_address"])
+    return (_sample(text, 'hastore_connections_accepted_total{node="n1"}')
+            + _sample(text, 'hastore_connections_refused_busy_total{node="n1"}'))

@@ -4,6 +4,7 @@ names a prometheus_client counter and histogram would give them."""
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import generate_latest
 
+from node.server.client_limits import ConnectionCounts
 from node.server.metrics import PUT_LATENCY_BUCKETS_S, NodeMetrics
 
 
@@ -44,3 +45,35 @@ def _parsed(lines: list[bytes]) -> list[tuple[frozenset, float]]:
         parsed.append((frozenset(labels), float(value)))
     assert parsed
     return sorted(parsed, key=lambda item: item[1])
+
+
+def test_the_client_counters_are_exported_under_their_names():
+    metrics = NodeMetrics("n1")
+    counts = ConnectionCounts(open=3, connections_max=64, accepted=11, refused_busy=2, shed_idle=4,
+                              shed_unauthenticated=5, idle_timeouts=6, auth_failures=9, auth_timeouts=7,
+                              frame_errors=8, held_bytes=1234, peak_held_bytes=5678, backpressure_pauses=10,
+                              closed_for_memory=1)
+    metrics.watch_clients(counts)
+    text = metrics.render()
+    expected = {
+        b'hastore_connections{node="n1"}': 3, b'hastore_connections_max{node="n1"}': 64,
+        b'hastore_connections_accepted_total{node="n1"}': 11, b'hastore_connections_refused_busy_total{node="n1"}': 2,
+        b'hastore_connections_shed_total{node="n1",reason="idle"}': 4,
+        b'hastore_connections_shed_total{node="n1",reason="unauthenticated"}': 5,
+        b'hastore_connections_idle_timeouts_total{node="n1"}': 6, b'hastore_connections_auth_timeouts_total{node="n1"}': 7,
+        b'hastore_connections_auth_failures_total{node="n1"}': 9, b'hastore_connections_frame_errors_total{node="n1"}': 8,
+        b'hastore_client_held_bytes{node="n1"}': 1234, b'hastore_client_held_bytes_peak{node="n1"}': 5678,
+        b'hastore_client_backpressure_pauses_total{node="n1"}': 10,
+        b'hastore_connections_closed_for_memory_total{node="n1"}': 1}
+    found = {head: float(value) for head, value in (line.rsplit(b" ", 1) for line in text.splitlines()
+                                                     if line.startswith((b"hastore_connections", b"hastore_client_")))}
+    assert found == expected
+    counts.open, counts.shed_idle = 1, 40     # read at each scrape, not copied once
+    text = metrics.render()
+    assert b'hastore_connections{node="n1"} 1.0' in text
+    assert b'hastore_connections_shed_total{node="n1",reason="idle"} 40.0' in text
+    # the status reply's section holds the same figures
+    assert counts.status() == {"open": 1, "limit": 64, "accepted": 11, "refused_busy": 2, "shed_idle": 40,
+                               "shed_unauthenticated": 5, "idle_timeouts": 6, "auth_timeouts": 7, "auth_failures": 9,
+                               "frame_errors": 8, "held_bytes": 1234, "peak_held_bytes": 5678,
+                               "backpressure_pauses": 10, "closed_for_memory": 1}
