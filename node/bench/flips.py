@@ -2,7 +2,10 @@
 N times, under a light produce load; then every acked message is read back from every node
 and the nodes' logs are compared.
 
-    hastore bench flips --flips 1000 [--seed 7] [--json]     # its own 3-node static group
+    hastore bench flips --flips 1000 [--seed 7] [--mode static|controller] [--json]
+
+It starts its own 3-node group: static roles, or (``--mode controller``) a ZooKeeper and two
+controllers that elect the master, as ``hastore cluster up`` does by default.
 
 Each flip is written into the node's segment file (the node maps it: its reads and its
 scrub see the page), on a record below both that node's flushed offset and the master's
@@ -33,7 +36,7 @@ from store.codec import CorruptMessage
 
 from ..client import OutgoingMessage, open_admin, open_producer
 from ..client.connection import open_connection
-from ..cluster import LocalCluster, topology_from_mapping
+from ..cluster import ClusterTopology, LocalCluster, topology_from_mapping
 from ..cluster.verify import group_nodes, verify_group
 from ..errors import NodeError, RequestError
 from ..wire.protocol import RequestCode
@@ -46,6 +49,15 @@ PICK_TRIES_MAX = 50
 SECRET = "flip-secret"
 BENCH_STORE = {"commitlog_segment_bytes": 1 << 20, "consume_queue_entries_per_file": 4096,
                "index_hash_slots": 1024, "index_max_entries": 65536}
+MODES = ("static", "controller")
+
+
+def flips_topology(mode: str = "static") -> ClusterTopology:
+    """The bench's 3-node group with small stores; ``mode`` says who picks the master."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+    return topology_from_mapping({"store": dict(BENCH_STORE), "secret": SECRET, "startup_timeout_s": 60,
+                                  "controller": {"mode": mode}})
 
 
 @dataclass(slots=True)
@@ -245,13 +257,13 @@ async def run_flips(cluster: LocalCluster, flips: int, *, seed: int = 1, group: 
 @click.option("--seed", default=1, show_default=True, type=int)
 @click.option("--messages", default=2000, show_default=True, type=click.IntRange(100, 1_000_000),
               help="Messages produced before the first flip (a light load keeps producing during the flips).")
+@click.option("--mode", default="static", show_default=True, type=click.Choice(MODES),
+              help="static: roles fixed in the topology; controller: a ZooKeeper and two controllers elect the master.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_flips_command(flips, seed, messages, as_json) -> None:
+def bench_flips_command(flips, seed, messages, mode, as_json) -> None:
     """Flip random bits in a running 3-node group; time to repair, acked messages lost, corrupt served."""
     with tempfile.TemporaryDirectory(prefix="hastore-flips-") as directory:
-        topology = topology_from_mapping({"store": dict(BENCH_STORE), "secret": SECRET, "startup_timeout_s": 30,
-                                          "controller": {"mode": "static"}})
-        cluster = LocalCluster(directory, topology)
+        cluster = LocalCluster(directory, flips_topology(mode))
         cluster.up()
         try:
             started = time.monotonic()
@@ -259,7 +271,7 @@ def bench_flips_command(flips, seed, messages, as_json) -> None:
             elapsed = time.monotonic() - started
         finally:
             cluster.down()
-    summary = {"bench": "flips", "seed": seed, "seconds": round(elapsed, 1), **report.summary()}
+    summary = {"bench": "flips", "mode": mode, "seed": seed, "seconds": round(elapsed, 1), **report.summary()}
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -1,4 +1,5 @@
-"""Bits flipped in a running 3-node group (LocalCluster, static roles, real processes): one
+"""Bits flipped in a running 3-node group (LocalCluster, real processes), with static roles
+and under a ZooKeeper controller (a real ZooKeeper and two controllers elect the master): one
 random bit of a random flushed record of a random node, FLIPS times, under a light produce
 load. Every flip is repaired from a replica or reported by offset, no acked message is
 lost, none is served corrupt, and `hastore cluster verify` finds the same log on every node.
@@ -13,18 +14,16 @@ import sys
 import pytest
 import trio
 
-from node.bench.flips import BENCH_STORE, SECRET, run_flips
-from node.cluster import LocalCluster, topology_from_mapping
+from node.bench.flips import flips_topology, run_flips
+from node.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
-FLIPS = 20
+FLIPS = 100
 
 
-@pytest.fixture
-def group(tmp_path):
-    topology = topology_from_mapping({"store": dict(BENCH_STORE), "secret": SECRET, "startup_timeout_s": 30,
-                                      "controller": {"mode": "static"}})
-    cluster = LocalCluster(str(tmp_path / "cluster"), topology)
+@pytest.fixture(params=["static", "controller"])
+def group(request, tmp_path):
+    cluster = LocalCluster(str(tmp_path / "cluster"), flips_topology(request.param))
     cluster.up()
     try:
         yield cluster
@@ -35,7 +34,7 @@ def group(tmp_path):
 def test_flipped_bits_in_a_running_group_are_repaired_and_nothing_acked_is_lost(group):
     report = trio.run(lambda: run_flips(group, FLIPS, seed=16, messages=1000))
     summary = report.summary()
-    print(json.dumps(summary))
+    print(json.dumps({"mode": "controller" if group.topology.controller.enabled else "static", **summary}))
     assert report.flips == FLIPS and not report.unresolved, summary
     assert report.repaired + report.reported_lost == FLIPS
     assert report.repaired == FLIPS, summary     # two intact replicas of every record: none is lost
