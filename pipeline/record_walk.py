@@ -3,9 +3,10 @@ whether their CRCs hold, with as little Python per record as possible.
 
 Three steps, each the same verdicts ``store.codec.check_record`` gives record by record:
 
-1. ``walk``: the chain of TOTALSIZE fields, one precompiled ``struct`` read and a few
-   integer comparisons per record (magic, smallest size, inside the segment). It stops at
-   the first position that is not plainly a message header.
+1. ``walk``: the chain of TOTALSIZE fields, one precompiled ``struct`` read and two integer
+   comparisons per record (smallest size, inside the segment); the magics of all records
+   are then compared in numpy. It stops at the first position that is not plainly a
+   message header.
 2. ``lengths_hold``: every record's BODYLEN, TOPICLEN and PROPLEN gathered with numpy and
    checked to add up to its TOTALSIZE, all records at once.
 3. ``crc_verdicts``: the body CRC and the whole-message CRC (__CRC32#) of every record, two
@@ -29,28 +30,42 @@ from numpy.lib.stride_tricks import sliding_window_view
 from store import codec
 
 _SIZE_MAGIC = struct.Struct(">iI").unpack_from
+_SIZE = struct.Struct(">i")
 _SEAL_PREFIX = np.frombuffer(codec.SEAL_PREFIX, dtype=np.uint8)
 _DIGIT_WEIGHTS = 10 ** np.arange(10, dtype=np.int64)      # least significant digit first
 
 
-def walk(buffer, begin: int, end: int, limit: int) -> tuple[list[int], list[int], int]:
+def walk(buffer, begin: int, end: int, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Positions and TOTALSIZEs of the records that plainly start a message, from ``begin``
-    while the position is before ``end``; and the position the walk stopped at."""
+    while the position is before ``end``; and the position the walk stopped at.
+
+    The loop only follows TOTALSIZE (the least Python per record); the magic of every
+    record is checked afterwards in numpy, and the walk is cut back to the first record
+    whose magic is wrong."""
     positions: list[int] = []
-    sizes: list[int] = []
-    add_position, add_size = positions.append, sizes.append
-    magic_wanted, smallest = codec.MESSAGE_MAGIC, codec.FIXED_SIZE
+    add_position = positions.append
+    smallest = codec.FIXED_SIZE
     header_room = limit - 8
     position = begin
-    read = _SIZE_MAGIC
+    read = _SIZE.unpack_from
     while position < end and position <= header_room:
-        size, magic = read(buffer, position)
-        if magic != magic_wanted or size < smallest or position + size > limit:
+        size = read(buffer, position)[0]
+        if size < smallest or position + size > limit:
             break
         add_position(position)
-        add_size(size)
         position += size
-    return positions, sizes, position
+    at = np.array(positions, dtype=np.int64)
+    if not len(at):
+        return at, at.copy(), position
+    sizes = np.empty(len(at), dtype=np.int64)
+    sizes[:-1] = np.diff(at)
+    sizes[-1] = position - at[-1]
+    magic = np.ascontiguousarray(_rows(np.frombuffer(buffer, dtype=np.uint8), at + 4, 4)).view(">u4").reshape(len(at))
+    wrong = np.flatnonzero(magic != codec.MESSAGE_MAGIC)
+    if len(wrong):
+        first = int(wrong[0])
+        return at[:first], sizes[:first], int(at[first])
+    return at, sizes, position
 
 
 def _rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
@@ -127,9 +142,7 @@ def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndar
 def scan_records_fast(buffer, begin: int, end: int, limit: int, *, verify: bool = True):
     """The same ScanResult as ``arrow_decode.scan_records`` (the reference), faster."""
     from .arrow_decode import ScanResult, scan_records
-    positions_list, sizes_list, stopped = walk(buffer, begin, end, limit)
-    positions = np.array(positions_list, dtype=np.int64)
-    sizes = np.array(sizes_list, dtype=np.int64)
+    positions, sizes, stopped = walk(buffer, begin, end, limit)
     data = np.frombuffer(buffer, dtype=np.uint8) if len(positions) else None
     if len(positions):
         holds, body_length, props_length = lengths_hold(data, positions, sizes)
@@ -150,23 +163,63 @@ def scan_records_fast(buffer, begin: int, end: int, limit: int, *, verify: bool 
                       np.concatenate([crc_ok, rest.crc_ok]), rest.bad_tail)
 
 
-def record_cuts_fast(buffer, limit: int, max_bytes: int) -> list[int]:
-    """``segments.record_cuts`` over the fast walk: 0, then the first record boundary at or
-    past each ``max_bytes`` step, among records whose lengths hold (the reference stops the
-    walk at the first that does not, and so does this)."""
-    positions_list, sizes_list, _ = walk(buffer, 0, limit, limit)
-    positions = np.array(positions_list, dtype=np.int64)
-    sizes = np.array(sizes_list, dtype=np.int64)
-    if len(positions):
-        holds, _, _ = lengths_hold(np.frombuffer(buffer, dtype=np.uint8), positions, sizes)
-        if not holds.all():
-            first_bad = int(np.argmin(holds))
-            positions, sizes = positions[:first_bad], sizes[:first_bad]
-    ends = (positions + sizes).tolist()
-    cuts = [0]
-    next_cut = max_bytes
-    for position in ends:
-        if position >= next_cut and position < limit:
-            cuts.append(position)
-            next_cut = position + max_bytes
-    return cuts
+_MAGIC_BYTES = codec.MESSAGE_MAGIC.to_bytes(4, "big")
+_PHYSICAL_OFFSET = struct.Struct(">q").unpack_from
+CHAIN_CHECKED = 8       # records a partition start must lead into (or the end of data)
+
+
+def _plain_record(buffer, position: int, limit: int, segment_start: int) -> int:
+    """TOTALSIZE of the record at ``position`` if it is plainly one written there: magic,
+    lengths that hold (``codec.check_record`` without CRCs) and the PHYSICALOFFSET the store
+    wrote into it equal to its own place in the log; else 0."""
+    if position + codec.FIXED_SIZE > limit:
+        return 0
+    size, magic = _SIZE_MAGIC(buffer, position)
+    if magic != codec.MESSAGE_MAGIC or size < codec.FIXED_SIZE or position + size > limit \
+            or _PHYSICAL_OFFSET(buffer, position + codec.PHYSICAL_OFFSET_AT)[0] != segment_start + position:
+        return 0
+    try:
+        codec.check_record(buffer, position, limit, check_crc=False)
+    except codec.CorruptMessage:
+        return 0
+    return size
+
+
+def _ends_data(buffer, position: int, limit: int) -> bool:
+    """Whether the log's data plainly ends at ``position``: the segment's end, unwritten
+    space (TOTALSIZE 0) or the blank record that closes a segment."""
+    if position >= limit:
+        return True
+    if position + 8 > limit:
+        return not any(bytes(buffer[position:limit]))
+    size, magic = _SIZE_MAGIC(buffer, position)
+    return size == 0 or (magic == codec.BLANK_MAGIC and position + size == limit)
+
+
+def find_record_start(buffer, at: int, limit: int, segment_start: int) -> int:
+    """The first position at or after ``at`` where a record verifiably starts, or ``limit``.
+
+    A partition of a large segment starts here, found by its own reader instead of a walk
+    from the segment's start. A candidate is a place where the message magic sits; it must
+    hold a plain record (``_plain_record``: lengths that add up, and the PHYSICALOFFSET
+    field naming that very place, which bytes inside a body do not do unless written to
+    fool exactly this position) leading through ``CHAIN_CHECKED`` more such records, or
+    into the end of data. Deterministic: the reader before it asks the same question about
+    its own end, so two neighbours agree on the cut; ``scan_records_fast``'s caller checks
+    that the walk from the start really lands there."""
+    found = buffer.find(_MAGIC_BYTES, at + 4)
+    while 0 <= found < limit:
+        candidate = found - 4
+        position, chained = candidate, 0
+        while chained <= CHAIN_CHECKED:
+            size = _plain_record(buffer, position, limit, segment_start)
+            if not size:
+                break
+            position += size
+            chained += 1
+            if _ends_data(buffer, position, limit):
+                chained = CHAIN_CHECKED + 1
+        if chained > CHAIN_CHECKED:
+            return candidate
+        found = buffer.find(_MAGIC_BYTES, found + 1)
+    return limit

@@ -1,9 +1,11 @@
 """Segments to partitions: record boundaries, ranges and pruning. Pure: reads bytes, no Spark.
 
-A partition is a slice of one CommitLog segment, ``[begin, end)`` in file positions, that
-starts on a record boundary. Boundaries are found by walking record sizes from the segment's
-start with the codec's own structural check (``store.codec.check_record`` without CRCs): a
-slice never starts where a guess put it. A segment no larger than ``max_bytes`` is one slice.
+A partition is a slice of one CommitLog segment, ``[begin, end)`` in file positions, cut
+every ``max_bytes`` without reading the segment. Its reader finds where records really start
+at both ends (``record_walk.find_record_start``: a record whose lengths hold and whose
+PHYSICALOFFSET field names its own place, leading into more such records), and reads the
+records that start between them; the reader of the slice before checks that its walk lands
+exactly on that start. A segment no larger than ``max_bytes`` is one slice.
 
 A segment wholly outside the wanted physical offset range is dropped by its name alone; one
 wholly outside the store time range is dropped after reading only the first record's store
@@ -17,7 +19,6 @@ import mmap
 import os
 from dataclasses import dataclass
 
-from store import codec
 
 from .stores import Segment, StoreDir, first_store_timestamp_ms, list_segments
 
@@ -72,42 +73,15 @@ def map_segment(path: str):
         return mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
 
 
-def record_cuts(buffer, limit: int, max_bytes: int) -> list[int]:
-    """Positions where slices of at most about ``max_bytes`` begin: 0, then the first record
-    boundary at or past each ``max_bytes`` step. The walk stops at the end of data (a blank,
-    unwritten space, or a record that is not whole); the last slice runs to ``limit`` so its
-    reader meets whatever lies there itself."""
-    cuts = [0]
-    next_cut = max_bytes
-    position = 0
-    check = codec.check_record
-    while position < limit:
-        try:
-            header = check(buffer, position, limit, check_crc=False)
-        except codec.CorruptMessage:
-            break
-        if header.is_blank:
-            break
-        position += header.total_size
-        if position >= next_cut and position < limit:
-            cuts.append(position)
-            next_cut = position + max_bytes
-    return cuts
-
-
 def segment_slices(store: StoreDir, segment: Segment, max_bytes: int) -> list[SegmentSlice]:
-    """A segment as slices of at most about ``max_bytes`` each, cut at record boundaries."""
-    if segment.file_bytes <= max_bytes:
-        return [SegmentSlice(store, segment, 0, segment.file_bytes)]
-    buffer = map_segment(segment.path)
-    try:
-        from .record_walk import record_cuts_fast
-        cuts = record_cuts_fast(buffer, len(buffer), max_bytes)
-    finally:
-        if isinstance(buffer, mmap.mmap):
-            buffer.close()
-    ends = cuts[1:] + [segment.file_bytes]
-    return [SegmentSlice(store, segment, begin, end) for begin, end in zip(cuts, ends)]
+    """A segment as slices of ``max_bytes`` each. Their bounds are nominal: each reader
+    starts at the first record at or after its ``begin`` and stops before the first record
+    at or after its ``end`` (``record_walk.find_record_start``), so the planner opens no
+    segment and walks nothing."""
+    size = segment.file_bytes
+    bounds = list(range(0, size, max_bytes)) + [size]
+    return [SegmentSlice(store, segment, begin, end) for begin, end in zip(bounds, bounds[1:])] \
+        or [SegmentSlice(store, segment, 0, 0)]
 
 
 def wanted_segments(segments: list[Segment], bounds: Bounds,

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from .arrow_decode import SliceInfo, bad_tail_batch, batch_ranges, decode_batch
 from .errors import CorruptLogError
-from .record_walk import scan_records_fast
+from .record_walk import find_record_start, scan_records_fast
 from .segments import Bounds, SegmentSlice, map_segment
 
 
@@ -23,8 +23,8 @@ def read_slice(piece: SegmentSlice, settings, columns: tuple[str, ...]) -> Itera
     bounds: Bounds = settings.bounds
     buffer = map_segment(piece.segment.path)
     try:
-        limit = len(buffer)
-        result = scan_records_fast(buffer, piece.begin, min(piece.end, limit), limit, verify=settings.verify_crc)
+        result = slice_records(buffer, piece.begin, piece.end, piece.segment.start_offset,
+                               verify=checks_crc(settings, columns), where=piece.segment.path)
         info = SliceInfo(piece.store.node, piece.store.group, piece.segment.name, piece.segment.start_offset)
         if settings.mode == "FAILFAST":
             _fail_fast(result, piece)
@@ -52,6 +52,35 @@ def read_slice(piece: SegmentSlice, settings, columns: tuple[str, ...]) -> Itera
     finally:
         if isinstance(buffer, mmap.mmap):
             buffer.close()
+
+
+def checks_crc(settings, columns: tuple[str, ...]) -> bool:
+    """Whether the read must compute CRCs: only ``crc_ok`` shows them, and FAILFAST acts on
+    them. Without either the rows are the same with or without the check (a record whose
+    lengths hold is a row whatever its CRC says), so a projection without ``crc_ok`` skips it."""
+    return settings.verify_crc and (settings.mode == "FAILFAST" or "crc_ok" in columns)
+
+
+def slice_records(buffer, begin: int, end: int, segment_start: int, *, verify: bool = True, where: str = "segment"):
+    """The ScanResult of the records a slice with nominal bounds ``[begin, end)`` owns: from
+    the first record at or after ``begin`` (0 stays 0) to the first at or after ``end``.
+
+    The walk must end exactly where the next slice's reader starts, or stop early (end of
+    data, a bad tail): a record running past that start means the next reader took bytes
+    inside it for a record. Never seen short of bytes written to look like a record at that
+    very offset; the read fails (CorruptLogError) rather than give rows twice or wrongly."""
+    limit = len(buffer)
+    first = find_record_start(buffer, begin, limit, segment_start) if begin > 0 else 0
+    stop = find_record_start(buffer, end, limit, segment_start) if end < limit else limit
+    result = scan_records_fast(buffer, first, stop, limit, verify=verify)
+    if stop < limit and result.bad_tail is None and len(result.positions):
+        last_end = int(result.positions[-1] + result.sizes[-1])
+        if last_end > stop:
+            raise CorruptLogError(
+                f"{where}: the record at file position {int(result.positions[-1])} runs to {last_end}, past "
+                f"position {stop} where the next partition's reader found a record start; read this segment "
+                f"whole (maxBytesPerPartition of at least {limit})")
+    return result
 
 
 def _fail_fast(result, piece: SegmentSlice) -> None:
