@@ -141,8 +141,12 @@ class MessageStore:
             replica_log.open(self.checkpoint, self.flusher, self.retention)
             state = self.checkpoint.state
             if self.recovery.end_offset < max(state.flushed_phy_offset, state.dispatched_phy_offset) \
-                    or not self.checkpoint.valid:
-                # the old checkpoint claims bytes recovery cut: replace it before any new write
+                    or not self.checkpoint.valid or self.commit_log.flushed_offset < self.recovery.end_offset:
+                # the old checkpoint claims bytes recovery cut: replace it before any new write.
+                # Or recovery kept bytes written after the last checkpoint (a kill within a
+                # checkpoint interval): make them durable before they are served or reported,
+                # so the flushed offset is never behind what the store holds from its start
+                # (it read 0 for up to flush_interval_ms on a node killed early in its life)
                 self.flusher.flush_now()
                 self.flusher.write_checkpoint()
             if intent is not None:

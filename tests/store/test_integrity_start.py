@@ -176,3 +176,26 @@ def test_zero_byte_consume_queue_and_index_files_do_not_stop_start(tmp_path):
         assert store.max_offset("T", 0) == 30
     finally:
         store.shutdown()
+
+
+def test_a_store_killed_before_its_next_checkpoint_starts_with_what_it_kept_flushed(tmp_path):
+    """Killed (halt) before a checkpoint counts its writes, a store used to start with the
+    checkpoint's flushed offset (0 early in its life) while holding the bytes recovery kept,
+    and said so in its status until the next flush. Start now makes them durable first."""
+    config = make_config(tmp_path / "s", flush="async", flush_interval_ms=600_000, checkpoint_interval_ms=600_000)
+    store = MessageStore(config)
+    store.start()
+    store.put_batch([Message(topic="F", queue_id=0, body=b"f%d" % i) for i in range(10)])
+    written = store.statistics()
+    assert written.flushed_offset == 0 < written.max_physical_offset   # nothing flushed within the interval
+    store.halt()
+    store = MessageStore(config)
+    store.start()
+    try:
+        started = store.statistics()
+        assert started.max_physical_offset == written.max_physical_offset
+        assert started.flushed_offset == started.max_physical_offset
+        assert store.checkpoint.state.flushed_phy_offset == started.max_physical_offset
+        assert [m.body for m in pull_all(store, "F", 0)] == [b"f%d" % i for i in range(10)]
+    finally:
+        store.shutdown()
