@@ -85,7 +85,8 @@ def cluster_up(config_path, directory, proxied, timeout_s, as_json) -> None:
     cluster.yaml (every key optional):
       cluster: hastore            base_port: 0 (free ports) or N (N+3i, N+3i+1, N+3i+2)
       host: 127.0.0.1             nodes_per_group: 3
-      replication: sync           flush: async          secret: null
+      replication: sync           flush: async          secret: null    secret_file: null
+      proxied: false
       min_in_sync_replicas: 1     all_ack_in_sync_state_set: true (controller mode; false in static)
       startup_timeout_s: 30       shutdown_timeout_s: 10
       store: {commitlog_segment_bytes: 67108864, ...}

@@ -15,9 +15,11 @@ from chaos.proxied_cluster import node_overrides, open_proxies, plan_proxies
 from chaos.run import RunSettings, run_chaos
 from chaos.workload import LoadSettings
 from node.client import open_admin
-from node.cluster import proxies
+from node.cluster import LocalCluster, proxies, topology_from_mapping
 from node.errors import NodeConfigError
 from node.server.config import config_from_mapping
+
+from conftest import DRILL_TOPOLOGY
 
 
 def test_the_plan_names_a_proxy_per_link_and_routes_each_node_through_its_own():
@@ -71,3 +73,33 @@ def test_a_proxied_cluster_replicates_through_its_pair_proxies_and_survives_part
     assert verdict.sends.valid and not verdict.dirty_reads and not verdict.divergence, verdict.to_json()
     assert report.caught_up and all(c.recovered for c in report.cycles), report.to_json()
     assert not os.path.exists(os.path.join(controller_cluster.directory, "chaos", "proxies.json"))
+
+
+@pytest.mark.integration
+def test_a_chaos_run_on_a_cluster_started_proxied_uses_its_lasting_proxies(tmp_path, monkeypatch):
+    monkeypatch.delenv("TOXIPROXY_URL", raising=False)
+    cluster = LocalCluster(str(tmp_path / "cluster"), topology_from_mapping({**DRILL_TOPOLOGY, "proxied": True}))
+    try:
+        cluster.up()
+        pids = {spec.name: cluster.pid(spec.name) for spec in cluster.specs}
+        listen = {link.name: link.listen for link in cluster.proxy_links()}
+        with open_proxies(cluster) as (proxies, address_of):
+            assert proxies.url == cluster.proxy_api_url
+            assert {node: address_of(node) for node in ("g1-n1", "g1-n2", "g1-n3")} == {
+                node: listen[f"client_to_{node}"] for node in ("g1-n1", "g1-n2", "g1-n3")}
+            assert {spec.name: cluster.pid(spec.name) for spec in cluster.specs} == pids   # nothing restarted
+            settings = RunSettings(nemesis="partition-master-clients,partition-slave,ha-latency", cycles=3, seed=7,
+                                   hold_s=(1.0, 2.0), rest_s=(0.5, 1.0), time_limit_s=90.0,
+                                   load=LoadSettings(producers=2, send_interval_ms=10.0))
+            report = run_chaos(cluster, settings, proxies=proxies, address_of=address_of)
+        verdict = report.verdict
+        assert verdict.sends.valid and not verdict.dirty_reads and not verdict.divergence, verdict.to_json()
+        assert report.caught_up and all(c.recovered for c in report.cycles), report.to_json()
+        assert report.summary()["acked"] > 0
+        # the proxies outlive the run, healed, and the cluster still uses them
+        listing = cluster.proxy_listing()
+        assert {proxy["name"] for proxy in listing} == set(listen)
+        assert all(proxy["enabled"] and not proxy["toxics"] for proxy in listing)
+        assert not os.path.exists(os.path.join(cluster.directory, "chaos", "proxies.json"))
+    finally:
+        cluster.down()
