@@ -94,8 +94,8 @@ class ConnectionCounts:
     frame_errors: int = 0
     held_bytes: int = 0            # replies built and not written, and partial request frames
     peak_held_bytes: int = 0
-    # times a reader held requests it had read back until its client read replies: a write
-    # of replies the socket did not take at once, or replies past the connection's bound
+    # times a reader waited for its client to read replies before reading (or handing over)
+    # more requests: a reader's write the socket did not take at once, or replies past the bound
     backpressure_pauses: int = 0
     closed_for_memory: int = 0     # closed because every connection together held too much
 
@@ -254,7 +254,7 @@ class ClientLimits:
         return state.held_bytes - state.partial_bytes - own_bytes >= self.connection_reply_bytes_max
 
     def count_pause(self) -> None:
-        """A reader holds read requests back until its client reads the replies built."""
+        """A reader waits for its client to read the replies built before it reads more."""
         self.counts.backpressure_pauses += 1
 
     async def wait_for_room(self, state: ConnectionState, own_bytes: int = 0) -> None:

@@ -162,9 +162,13 @@ class ClientServer:
             state.requests += len(frames)
             for payload in frames:
                 if replies_bytes and (replies_bytes >= JOIN_BYTES_MAX or limits.over_bound(state)):
+                    # the requests read wait until the client takes these: a pause when they
+                    # reached the bound, or when the socket does not take them at once
+                    over = limits.over_bound(state)
+                    if over:
+                        limits.count_pause()
                     try:
-                        # requests read wait until the client takes these: a pause when it does not at once
-                        await self._write_replies(writer, replies, limits.count_pause)
+                        await self._write_replies(writer, replies, None if over else limits.count_pause)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         return "gone"
                     replies, replies_bytes = [], 0
@@ -180,8 +184,8 @@ class ClientServer:
                     await in_flight.acquire()
                     deferred.start_soon(self._run_deferred, outcome, writer, in_flight, state)
             try:
-                if replies:
-                    await self._write_replies(writer, replies)
+                if replies:   # no further request is read until the client takes these
+                    await self._write_replies(writer, replies, limits.count_pause)
                 if decoder.error is not None:
                     self.counts.frame_errors += 1
                     code = ResponseCode.FRAME_TOO_LARGE if isinstance(decoder.error, protocol.FrameTooLarge) \
@@ -305,11 +309,8 @@ class ReplyWriter:
         """Write ``data`` now if no write is under way, else queue it (waiting while the queue
         is full). BrokenResourceError / ClosedResourceError once the peer is gone.
         ``on_wait()`` is called when the write must wait for the peer: the socket did not
-        take it whole at once, or another write is under way (on a stream that is not a
-        socket, every write counts as one that waits)."""
+        take it whole at once (a stream that is not a socket never says)."""
         if self._writing.locked():
-            if on_wait is not None:
-                on_wait()
             await self._queue_in.send(data)
             return
         # acquire_nowait rather than ``async with``, and the socket tried directly: no
@@ -320,7 +321,7 @@ class ReplyWriter:
         try:
             sent = write_now(self.stream, data)
             if sent < len(data):
-                if on_wait is not None:
+                if on_wait is not None and type(self.stream) is trio.SocketStream:
                     on_wait()
                 try:
                     await self.stream.send_all(memoryview(data)[sent:] if sent else data)

@@ -164,7 +164,7 @@ class _ClientCollector:
         ("closed_for_memory", "hastore_connections_closed_for_memory",
          "Connections closed because all clients together held over client_buffer_bytes_max"),
         ("backpressure_pauses", "hastore_client_backpressure_pauses",
-         "Times a connection's reader held requests back until its client read replies already built"),
+         "Times a connection's reader waited for its client to read replies before reading more requests"),
     )
 
     def __init__(self, node_id: str, counts) -> None:
