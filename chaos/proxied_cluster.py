@@ -35,7 +35,7 @@ from node.cluster.proxies import ProxyLink, node_routes, plan_links
 
 from .errors import RunError
 from .nemesis import client_proxy
-from .toxiproxy import ToxiproxyClient, running_toxiproxy
+from .toxiproxy import ToxiproxyClient, ToxiproxyError, running_toxiproxy
 
 PROXIES_FILE = "proxies.json"
 MASTER_TIMEOUT_S = 60.0
@@ -64,7 +64,12 @@ def open_proxies(cluster: LocalCluster) -> Iterator[tuple[ToxiproxyClient, Calla
     if cluster.proxied:   # started with --proxied: its proxies last, and every link already uses them
         listen = {link.name: link.listen for link in cluster.proxy_links()}
         with ToxiproxyClient(cluster.proxy_api_url) as client:
-            client.version()   # fail now, not in the first fault, when the proxy server is gone
+            try:
+                client.version()   # fail now, not in the first fault, when the proxy server is gone
+            except ToxiproxyError as error:
+                raise RunError(f"the proxy server of the cluster in {cluster.directory} does not answer ({error}); "
+                               f"start it again with `hastore cluster restart toxiproxy --dir {cluster.directory}`"
+                               ) from None
             yield client, (lambda node_id: listen[client_proxy(node_id)])
         return
     nodes = [(s.name, s.group, s.client_address, s.ha_address) for s in cluster.nodes()]

@@ -11,6 +11,7 @@ import trio
 
 from chaos import nemesis
 from chaos.nemesis import ha_proxy
+from chaos.errors import RunError
 from chaos.proxied_cluster import node_overrides, open_proxies, plan_proxies
 from chaos.run import RunSettings, run_chaos
 from chaos.workload import LoadSettings
@@ -101,5 +102,9 @@ def test_a_chaos_run_on_a_cluster_started_proxied_uses_its_lasting_proxies(tmp_p
         assert {proxy["name"] for proxy in listing} == set(listen)
         assert all(proxy["enabled"] and not proxy["toxics"] for proxy in listing)
         assert not os.path.exists(os.path.join(cluster.directory, "chaos", "proxies.json"))
+        cluster.kill("toxiproxy")   # a run on a cluster whose proxy server died says how to bring it back
+        with pytest.raises(RunError, match="cluster restart toxiproxy"):
+            with open_proxies(cluster):
+                pass
     finally:
         cluster.down()

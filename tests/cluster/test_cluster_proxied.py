@@ -126,6 +126,22 @@ def test_a_proxied_cluster_routes_every_link_through_its_own_proxy(cluster_dir, 
     assert row.split()[1:5] == [listen[link], cluster.node(new_master).ha_address, "yes", "slow"]
     assert f"proxies (Toxiproxy {cluster.proxy_api_url})" in table.stdout
 
+    # a dead proxy server is reported by status, and `cluster restart toxiproxy` brings it back
+    # with every proxy on the same address
+    cluster.kill("toxiproxy")
+    dead = hastore("cluster", "status", "--dir", cluster_dir)
+    assert dead.returncode == 0 and "proxy server: Toxiproxy at" in dead.stdout, dead.stdout + dead.stderr
+    restart = hastore("cluster", "restart", "toxiproxy", "--dir", cluster_dir)
+    assert restart.returncode == 0, restart.stderr
+    cluster = LocalCluster(cluster_dir)
+    assert cluster.pid("toxiproxy") not in (None, server_pid)
+    server_pid = cluster.pid("toxiproxy")
+    assert {proxy["name"]: proxy["listen"] for proxy in cluster.proxy_listing() if proxy["present"]} == listen
+    # every ZooKeeper session went with the server: a master is elected again, through the proxies
+    elected = cluster.wait_for_master("g1", WAIT_S).node_id
+    wait_until(f"{elected} master through its proxy",
+               lambda: node_status(listen[f"client_to_{elected}"])["role"] == "master")
+
     # down stops the proxy server with the cluster; up (from cluster.json) brings it all back
     down = hastore("cluster", "down", "--dir", cluster_dir, "--json")
     assert down.returncode == 0, down.stderr
