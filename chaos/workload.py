@@ -165,7 +165,11 @@ async def run_load(topic: str, queue_count: int, run_id: str, history: History, 
                                    settings, secret)
 
 
-_CLIENT_ERRORS = (NodeError, OSError, trio.TooSlowError)
+class _NotMasterYet(Exception):
+    """The node ZooKeeper names as master has not taken the role yet."""
+
+
+_CLIENT_ERRORS = (NodeError, OSError, trio.TooSlowError, _NotMasterYet)
 
 
 async def _producer(topic: str, key_prefix: str, process: str, history: History, stop: trio.Event,
@@ -260,6 +264,12 @@ async def _consumer(topic: str, queues: list[int], process: str, history: Histor
 
 async def _committed_positions(admin, topic: str, queues: list[int], group: str, address: str, process: str,
                                history: History) -> dict[int, int]:
+    """The group's committed offsets, from a node that says it is master. ZooKeeper names a
+    new master before it takes the role (replays %SYS%CONFIG); until then it answers as a
+    slave, from the records its last known confirm offset covers, which may lag commits the
+    old master acked (a slave read, stale by design): a consumer starting there would go back."""
+    if (await admin.status()).get("role") != "master":
+        raise _NotMasterYet(address)
     sent_s = history.now_s()
     committed = await admin.query_offsets(group, topic)
     positions = {}
