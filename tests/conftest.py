@@ -34,6 +34,20 @@ assert store.__file__ is not None and hasattr(store, "MessageStore"), (
     f"tests import the wrong 'store': {store!r}")
 
 
+def _warm_matplotlib_font_cache() -> None:
+    """matplotlib builds its font list on first use and, with no cache yet (a fresh
+    machine or MPLCONFIGDIR), runs ``fc-list`` to find system fonts. Inside a unit test
+    that spawn trips the guard, so the first test to draw a chart would fail or pass by
+    the order of the suite. Build the cache here, before any guard, where it is allowed."""
+    try:
+        import matplotlib.font_manager  # noqa: F401  (importing builds or loads the cache)
+    except ImportError:   # the pipeline extra is not installed: no test draws
+        pass
+
+
+_warm_matplotlib_font_cache()
+
+
 def _guarded_phase(item: pytest.Item):
     """Run one phase (setup, call or teardown) of ``item`` under a SpawnGuard unless it is
     marked integration; fail it if it tried to start a process, even if that was caught."""
