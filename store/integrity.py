@@ -235,6 +235,10 @@ class Integrity:
             try:
                 message = self.commit_log.read_message(entry.physical_offset, check_crc=check_crc)
             except MessageNotFound:
+                disorder = _out_of_log_order(queue, entry)
+                if disorder:   # neither a cut nor retention leaves this: the entry is damaged
+                    result.damaged = disorder
+                    return result
                 if entry.physical_offset >= self.commit_log.max_offset:
                     break  # a cut of the log is under way: the queue's entry goes next
                 result.next_offset = entry.queue_offset + 1  # deleted by retention meanwhile
@@ -360,6 +364,33 @@ def queue_damage(commit_log: CommitLog, queue: ConsumeQueue) -> str:
             return (f"entry {int(numbers[inside][at])} points at {int(offsets[inside][at])}, "
                     "where its record is not")
     return ""
+
+
+def _out_of_log_order(queue: ConsumeQueue, entry: QueueEntry) -> str:
+    """Why ``entry`` (whose record is outside the log) is out of log order with its
+    neighbours ('' when it is not): a cut drops an entry together with every later one,
+    retention every earlier one, so an entry past the log's end ahead of a later entry
+    inside it, or one before the log's start behind an earlier entry, is damage."""
+    last = queue.max_offset - 1     # read once: a cut may shrink the queue meanwhile
+    if entry.queue_offset < last:
+        later = _physical_offset_at(queue, last)
+        if later is not None and entry.physical_offset > later:
+            return f"entry {entry.queue_offset} points at {entry.physical_offset}, past the queue's last entry ({later})"
+    if entry.physical_offset < 0:
+        return f"entry {entry.queue_offset} points at {entry.physical_offset}"
+    if queue.min_offset < entry.queue_offset <= last:
+        earlier = _physical_offset_at(queue, entry.queue_offset - 1)
+        if earlier is not None and 0 < earlier and entry.physical_offset <= earlier:   # a filler names 0
+            return f"entry {entry.queue_offset} points at {entry.physical_offset}, not after the entry before it ({earlier})"
+    return ""
+
+
+def _physical_offset_at(queue: ConsumeQueue, queue_offset: int) -> int | None:
+    """The physical offset of an entry, or None when a cut removed its file meanwhile."""
+    mapped = queue.files.find(queue_offset * ENTRY_BYTES)
+    if mapped is None:
+        return None
+    return codec.struct.unpack_from(">q", mapped.mm, queue_offset * ENTRY_BYTES - mapped.start_offset)[0]
 
 
 def _start_check_sample(count: int) -> np.ndarray:

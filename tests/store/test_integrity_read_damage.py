@@ -140,3 +140,31 @@ def test_a_damaged_record_is_not_taken_for_a_damaged_index(store_path, written):
         assert store.integrity.statistics().index_rebuilds == 0
     finally:
         store.shutdown()
+
+
+@pytest.mark.parametrize("points_at", ["past the log's end", "before the log's start"])
+def test_a_consume_queue_entry_damaged_while_running_does_not_stall_its_queue(tmp_path, points_at, caplog):
+    """An entry that names no offset of the log: before, a pull stopped at it (taken for a
+    cut under way) or stepped over it (taken for retention), so the queue stalled there or
+    lost the message. Out of log order with its neighbours, it is damage: rebuilt, served."""
+    store = MessageStore(make_config(tmp_path / "s", **SETTINGS))
+    store.start()
+    try:
+        sent = store.put_batch([Message(topic="L", queue_id=0, body=b"l%03d" % i) for i in range(100)])
+        assert store.wait_dispatched()
+        queue = store.queues.get("L", 0)
+        mapped = queue.files.find(50 * CQ_ENTRY.size)
+        at = 50 * CQ_ENTRY.size - mapped.start_offset
+        offset, size, tags = CQ_ENTRY.unpack_from(mapped.mm, at)
+        assert offset == sent[50].physical_offset
+        wrong = store.commit_log.max_offset + (1 << 30) if points_at == "past the log's end" else -(1 << 20)
+        with open(mapped.path, "r+b") as handle:          # as a disk would: the mapping sees it
+            handle.seek(at)
+            handle.write(CQ_ENTRY.pack(wrong, size, tags))
+        with caplog.at_level(logging.WARNING, logger="store"):
+            read = store.pull("L", 0, 48, 4)
+        assert [m.body for m in read.messages] == [b"l048", b"l049", b"l050", b"l051"]
+        assert store.integrity.statistics().consume_queues_rebuilt == 1
+        assert any("rebuilding it from the log" in r.message for r in caplog.records)
+    finally:
+        store.shutdown()
