@@ -4,8 +4,12 @@ It builds a store of N messages of 1 KiB with the storage engine (4 topics, 8 qu
 in one local Spark session:
 
 - counts rows grouped by topic through ``commitlog`` without bodies (``includeBody=false``),
-  with CRC checks (the default) and without (``verifyCrc=false``), and with a projected
-  schema (``topic`` only);
+  with CRC checks (the default) and without (``verifyCrc=false``): every column but the
+  body is built and handed to Spark, because PySpark does not tell a Python data source
+  which columns the query uses; and with the query's own columns given as the schema
+  (``.schema("topic STRING")``: the reader builds only ``topic`` and, without ``crc_ok``,
+  checks no CRC, as Parquet reads only ``topic``), and the same with ``crc_ok`` (the CRCs
+  checked: their cost);
 - counts and sums body bytes grouped by topic through ``commitlog`` with bodies (MB/s);
 - exports the store once with ``hastore pipeline export`` (Parquet, by topic and date) and
   runs the same two queries over that Parquet;
@@ -13,8 +17,10 @@ in one local Spark session:
 and prints rows/s, MB/s and the ratios commitlog / Parquet. Then, in the same session, the
 streaming end-to-end latency of the ``hastore`` source with a 100 ms trigger (produce to
 micro-batch output, p50/p99; pipeline.bench_stream, a local 3-node cluster). Each figure is the best of
-``--runs`` runs (the machine is shared; the best is the least disturbed). The issue's target:
-the commitlog scan without bodies reaches 0.5x the Parquet scan.
+``--runs`` runs (the machine is shared; the best is the least disturbed), the cases taken in
+turn within each run. The issue's target: the commitlog scan without bodies reaches 0.5x the
+Parquet scan; ``target`` gives it with the projected schema (the same columns as Parquet
+reads) and without.
 """
 
 from __future__ import annotations
@@ -91,27 +97,33 @@ def measure(spark, store_path: str, export_path: str, count: int, runs: int) -> 
         "commitlog_no_body": lambda: group_count(commitlog(includeBody="false")),
         "commitlog_no_body_no_crc": lambda: group_count(commitlog(includeBody="false", verifyCrc="false")),
         "commitlog_topic_only": lambda: group_count(commitlog(schema="topic STRING")),
+        "commitlog_topic_crc": lambda: group_count(commitlog(schema="topic STRING, crc_ok BOOLEAN")),
         "commitlog_with_body": lambda: group_bytes(commitlog()),
     }
-    for name, action in cases.items():
-        seconds, _ = _best_seconds(action, runs)
-        figures[name] = {"seconds": round(seconds, 3), "rows_per_s": round(count / seconds)}
-    figures["commitlog_with_body"]["mb_per_s"] = round(data_bytes / 1e6 / figures["commitlog_with_body"]["seconds"], 1)
     started = time.perf_counter()
     export(spark, resolve_stores([store_path]), export_path, overwrite=True)
     figures["export_s"] = round(time.perf_counter() - started, 2)
-    parquet = {"parquet_no_body": lambda: group_count(spark.read.parquet(export_path).drop("body")),
-               "parquet_with_body": lambda: group_bytes(spark.read.parquet(export_path))}
-    for name, action in parquet.items():
-        seconds, _ = _best_seconds(action, runs)
+    cases["parquet_no_body"] = lambda: group_count(spark.read.parquet(export_path).drop("body"))
+    cases["parquet_with_body"] = lambda: group_bytes(spark.read.parquet(export_path))
+    best = {name: float("inf") for name in cases}
+    for _ in range(runs):            # every case once per run, in turn: a noisy spell hits all of them
+        for name, action in cases.items():
+            seconds, _ = _best_seconds(action, 1)
+            best[name] = min(best[name], seconds)
+    for name, seconds in best.items():
         figures[name] = {"seconds": round(seconds, 3), "rows_per_s": round(count / seconds)}
-    figures["parquet_with_body"]["mb_per_s"] = round(data_bytes / 1e6 / figures["parquet_with_body"]["seconds"], 1)
+    for name in ("commitlog_with_body", "parquet_with_body"):
+        figures[name]["mb_per_s"] = round(data_bytes / 1e6 / figures[name]["seconds"], 1)
     ratio = {f"{name}_vs_parquet_no_body": round(figures[name]["rows_per_s"] / figures["parquet_no_body"]["rows_per_s"], 3)
-             for name in ("commitlog_no_body", "commitlog_no_body_no_crc", "commitlog_topic_only")}
+             for name in ("commitlog_no_body", "commitlog_no_body_no_crc", "commitlog_topic_only",
+                          "commitlog_topic_crc")}
     ratio["commitlog_with_body_vs_parquet_with_body"] = round(
         figures["commitlog_with_body"]["rows_per_s"] / figures["parquet_with_body"]["rows_per_s"], 3)
     figures["ratios"] = ratio
-    figures["target_no_body_0.5x_met"] = ratio["commitlog_no_body_vs_parquet_no_body"] >= 0.5
+    projected, whole = ratio["commitlog_topic_only_vs_parquet_no_body"], ratio["commitlog_no_body_vs_parquet_no_body"]
+    figures["target"] = {"query": "count by topic, no bodies; target 0.5x Parquet",
+                         "with_projected_schema": projected, "met_with_projected_schema": projected >= 0.5,
+                         "all_columns_but_body": whole, "met_all_columns_but_body": whole >= 0.5}
     return figures
 
 

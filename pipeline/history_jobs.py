@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (ArrayType, DoubleType, IntegerType, LongType, StringType, StructField, StructType)
 
 from .errors import InputFormatError
-from .jobs import one_copy_per_record, read_commitlog
+from .jobs import ONE_COPY_COLUMNS, one_copy_per_record, read_commitlog
 from .stores import StoreDir
 
 HISTORY_SCHEMA = StructType([
@@ -70,7 +70,7 @@ def check(spark, stores: list[StoreDir], history_path: str, *, topic: str | None
         raise InputFormatError(f"{history_path}: key {key['value']!r} has {key['invokes']} invokes and "
                                f"{key['outcomes']} outcomes; a send history needs one invoke and at most one "
                                f"outcome per unique key")
-    messages = read_commitlog(spark, stores, include_body=False, topics=topic)
+    messages = read_commitlog(spark, stores, include_body=False, topics=topic, columns=ONE_COPY_COLUMNS + ("keys",))
     messages = one_copy_per_record(messages, stores)
     if topic is None:
         messages = messages.filter(~F.col("topic").startswith("%SYS%"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, functions as F
 
+from .arrow_decode import spark_ddl
 from .errors import OptionError
 from .stores import StoreDir
 
@@ -18,12 +19,19 @@ TOP_KEYS_DEFAULT = 10
 _RECORD_FIELDS = ("size", "topic", "queue_id", "queue_offset", "sys_flag", "flag", "born_timestamp",
                   "store_timestamp", "born_host", "store_host", "keys", "tags", "uniq_key", "crc_ok")
 DIVERGENCE_EXAMPLES_MAX = 20
+ONE_COPY_COLUMNS = ("node", "group", "physical_offset", "topic")      # what one_copy_per_record reads
+STATS_COLUMNS = ONE_COPY_COLUMNS + ("queue_id", "size", "keys", "store_timestamp", "body", "crc_ok")
 
 
-def read_commitlog(spark, stores: list[StoreDir], *, include_body: bool = True, **options) -> DataFrame:
-    """The commitlog source over ``stores`` (extra options as keyword arguments)."""
+def read_commitlog(spark, stores: list[StoreDir], *, include_body: bool = True, columns: tuple[str, ...] | None = None,
+                   **options) -> DataFrame:
+    """The commitlog source over ``stores`` (extra options as keyword arguments). ``columns``:
+    only these (a projection the reader honours: PySpark does not tell a Python source which
+    columns a query uses, so without it every column is built and converted for each row)."""
     reader = spark.read.format("commitlog").option("paths", ",".join(store.path for store in stores))
     reader = reader.option("includeBody", str(include_body).lower())
+    if columns is not None:
+        reader = reader.schema(spark_ddl(columns))
     for key, value in options.items():
         if value is not None:
             reader = reader.option(key, str(value))
@@ -56,7 +64,7 @@ def export(spark, stores: list[StoreDir], out: str, *, overwrite: bool = False, 
 # --- stats -------------------------------------------------------------------------------------
 def stats(spark, stores: list[StoreDir], *, top_keys: int = TOP_KEYS_DEFAULT) -> dict:
     """Messages and bytes per topic, per queue and per minute; the top keys; body size percentiles."""
-    df = one_copy_per_record(read_commitlog(spark, stores), stores)
+    df = one_copy_per_record(read_commitlog(spark, stores, columns=STATS_COLUMNS), stores)
     df = df.select("topic", "queue_id", "size", "keys", "store_timestamp",
                    F.length("body").alias("body_bytes"), "crc_ok").cache()
     try:
