@@ -17,7 +17,9 @@ offset right after the frames before it, inside one epoch) and hands it over; th
 applier records a new epoch if needed, appends at the log's end (checked again there),
 returns the buffer and acks in the same step, straight to the socket (no task in between;
 one ack for several frames that arrived together). The pool bounds the frames in flight
-and the memory.
+and the memory. The store's dispatch (this replica's ConsumeQueue and IndexFile) is woken
+``dispatch_delay_ms`` after the first frame it has not seen, not per frame: the frames of
+that time share a pass, and no pass runs between a frame and its ack.
 
 Any failure ends the session (nothing partial is applied: a frame is checked whole before
 the store's ``append``, and frames received behind a failure are dropped unwritten) and the
@@ -33,6 +35,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import trio
@@ -74,6 +77,10 @@ class HaClientSettings:
     backoff_min_ms: int = 100
     backoff_max_ms: int = 5_000
     client_address: str = ""              # told to the master in the handshake (it repairs from it)
+    # appended frames are indexed (ConsumeQueue, IndexFile) this long after the first of them,
+    # together: a dispatch pass has a fixed cost of ~0.1 ms, more when it wakes a cold loop,
+    # which a pass per one-message frame paid on every sync send. Acks never wait for it.
+    dispatch_delay_ms: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +145,7 @@ class HAClient:
         self._resets = 0
         self._received_bytes = 0
         self._last_error: str | None = None
+        self._undispatched = trio.Event()  # set: frames appended that the dispatch was not woken for
 
     # --- the reconnect loop --------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -188,9 +196,25 @@ class HAClient:
         for _ in range(FRAME_BUFFERS):
             free_buffers_in.send_nowait(memoryview(bytearray(protocol.DATA_FRAME_BYTES_MAX)))
         frames_in, frames = trio.open_memory_channel(FRAME_BUFFERS)  # bounded by the buffers anyway
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._apply_frames, stream, frames, free_buffers_in)
-            await self._receive_frames(reader, welcome, frames_in, free_buffers)
+        self._undispatched = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._wake_dispatch_later)
+                nursery.start_soon(self._apply_frames, stream, frames, free_buffers_in)
+                await self._receive_frames(reader, welcome, frames_in, free_buffers)
+        finally:
+            if self._undispatched.is_set():
+                self.store.wake_dispatch()  # what the session appended is indexed all the same
+
+    async def _wake_dispatch_later(self) -> None:
+        """Wake the store's dispatch ``dispatch_delay_ms`` after the first frame appended
+        since its last wake: the frames of that time share one pass."""
+        delay_s = self.settings.dispatch_delay_ms / 1000
+        while True:
+            await self._undispatched.wait()
+            await trio.sleep(delay_s)
+            self._undispatched = trio.Event()
+            self.store.wake_dispatch()
 
     async def _handshake(self, stream, reader: StreamReader) -> Welcome:
         hello = Hello.decode(await reader.control())
@@ -308,9 +332,10 @@ class HAClient:
                 # with an older term than the one that wrote it
                 await trio.to_thread.run_sync(self.epoch_file.append, entry.epoch, entry.start_offset)
             if len(data) > INLINE_APPEND_BYTES_MAX:
-                await trio.to_thread.run_sync(store.append, offset, data)
+                await trio.to_thread.run_sync(partial(store.append, offset, data, wake_dispatch=False))
             else:
-                store.append(offset, data)
+                store.append(offset, data, wake_dispatch=False)
+            self._undispatched.set()
             self._received_bytes += len(data)
             free_buffers.send_nowait(buffer)
             self._publish_confirm_offset()

@@ -6,7 +6,7 @@ it; tests may hand in any object that does.
 
     master: max_offset, min_offset, read, store_timestamp_at, confirm_offset,
             publish_confirm_offset
-    slave:  max_offset, min_offset, append, cut, reset
+    slave:  max_offset, min_offset, append, wake_dispatch, cut, reset
 
 Every offset is a physical CommitLog offset at a record boundary. The blocking calls
 (``append`` of a large chunk, ``cut``, ``reset``) are run in a worker thread by the callers.
@@ -40,9 +40,13 @@ class ReplicaStore(Protocol):
         """Whole records from ``offset`` within one segment, at most ``max_bytes`` unless one
         record is larger; empty at the end of the log."""
 
-    def append(self, offset: int, data) -> int:
+    def append(self, offset: int, data, *, wake_dispatch: bool = True) -> int:
         """Append whole records exactly at the end of the log; returns the new end. Refuses
-        (a StoreError) anything else before a byte is written."""
+        (a StoreError) anything else before a byte is written. Without ``wake_dispatch``
+        the records are indexed once ``wake_dispatch()`` is called."""
+
+    def wake_dispatch(self) -> None:
+        """Index what was appended without ``wake_dispatch`` (cheap, never blocks)."""
 
     def cut(self, offset: int) -> None:
         """Drop the log and its indexes from ``offset`` (a record boundary) on, crash-safe."""

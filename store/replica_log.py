@@ -260,23 +260,30 @@ class ReplicaLog:
         return read_chunk(commit_log.segments, offset, commit_log.max_offset, max_bytes)
 
     # --- slave: writing ------------------------------------------------------------------
-    def append(self, offset: int, data) -> int:
+    def append(self, offset: int, data, *, wake_dispatch: bool = True) -> int:
         """A replica's write: whole records (bytes-like) exactly at the end of the log. Returns
         the new end.
 
         The framing is checked before a byte lands (ChunkError, a StoreError, otherwise);
-        the dispatcher then builds this replica's own ConsumeQueue and IndexFile.
+        the dispatcher then builds this replica's own ConsumeQueue and IndexFile: at once
+        (``wake_dispatch``), or once the caller calls ``wake_dispatch()`` (an HA client
+        lets the frames of a few milliseconds share one pass).
         """
         self._check_open()
         commit_log = self._commit_log
         check_chunk(data, offset, commit_log.segment_bytes)
         commit_log.append_bytes(offset, data)
         self.writes_need_catch_up = True
-        self._dispatcher.wake.set()
+        if wake_dispatch:
+            self._dispatcher.wake.set()
         end = commit_log.max_offset
         if self._sync_flush:
             self._flusher.request(end)
         return end
+
+    def wake_dispatch(self) -> None:
+        """Have the dispatcher index what was appended (cheap; any thread)."""
+        self._dispatcher.wake.set()
 
     def catch_up_for_writes(self) -> None:
         """Before a promoted replica's first own put: dispatch everything replicated and take

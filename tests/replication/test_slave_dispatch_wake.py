@@ -1,0 +1,86 @@
+"""A slave wakes its store's dispatch once for the frames of ``dispatch_delay_ms``, not once
+per frame, and never leaves appended bytes unindexed when its session ends."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from node.server.dispatch_loop import serve_dispatch
+from replication_helpers import begin_term, epoch_file, put, start_master, start_slave, wait_until
+
+pytestmark = pytest.mark.trio
+
+
+class CountedWakes:
+    """The slave's real replica log, counting the dispatch wakes its HA client asks for."""
+
+    def __init__(self, replica_log) -> None:
+        self._inner = replica_log
+        self.wakes = 0
+        self.appends = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def append(self, offset: int, data, *, wake_dispatch: bool = True) -> int:
+        self.appends += 1
+        return self._inner.append(offset, data, wake_dispatch=wake_dispatch)
+
+    def wake_dispatch(self) -> None:
+        self.wakes += 1
+        self._inner.wake_dispatch()
+
+
+def queue_count(store, topic: str = "orders", queues: int = 4) -> int:
+    return sum(store.max_offset(topic, queue_id) for queue_id in range(queues))
+
+
+async def slave_with_loop_dispatch(open_store, nursery):
+    """A slave store whose dispatch runs only when woken, as in a node (dispatch_loop.py)."""
+    slave = open_store("slave", dispatcher_thread=False)
+    await nursery.start(serve_dispatch, slave.dispatcher)
+    return slave
+
+
+async def test_frames_of_the_delay_share_one_dispatch_wake(open_store):
+    master = open_store("master")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    async with trio.open_nursery() as nursery:
+        slave = await slave_with_loop_dispatch(open_store, nursery)
+        counted = CountedWakes(slave.replica_log)
+        service, address = await start_master(nursery, master, master_epochs)
+        running = await start_slave(nursery, slave, address, replica_store=counted, dispatch_delay_ms=200)
+        await wait_until(lambda: running.client.statistics().connected, what="session")
+        for batch in range(10):  # ten frames well within one delay
+            put(master, 5, prefix=f"b{batch}")
+            service.notify_appended()
+            await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset, what="frame")
+        assert counted.appends >= 10
+        if counted.wakes == 0:  # within the delay: nothing indexed yet
+            assert queue_count(slave) == 0
+        assert counted.wakes <= 1  # once for all of them
+        await wait_until(lambda: queue_count(slave) == 50, what="the slave's queues")
+        assert counted.wakes == 1
+        await running.stop()
+        nursery.cancel_scope.cancel()
+
+
+async def test_bytes_appended_before_the_session_ends_are_indexed(open_store):
+    master = open_store("master")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    async with trio.open_nursery() as nursery:
+        slave = await slave_with_loop_dispatch(open_store, nursery)
+        counted = CountedWakes(slave.replica_log)
+        service, address = await start_master(nursery, master, master_epochs)
+        running = await start_slave(nursery, slave, address, replica_store=counted, dispatch_delay_ms=60_000)
+        put(master, 20)
+        service.notify_appended()
+        await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset, what="frames")
+        assert counted.wakes == 0 and queue_count(slave) == 0
+        await running.stop()  # long before the delay: the session's end wakes the dispatch
+        assert counted.wakes == 1
+        await wait_until(lambda: queue_count(slave) == 20, what="the slave's queues")
+        nursery.cancel_scope.cancel()
