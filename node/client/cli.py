@@ -84,7 +84,8 @@ def _master_from_zookeeper(zk_hosts: str, cluster: str, group: str) -> str:
 
 
 def _master_from_local_cluster(directory: str, group: str) -> tuple[str, str | None]:
-    """The client address of ``group``'s master in the local cluster in ``directory``, and its secret."""
+    """The client address ``group``'s master advertises in the local cluster in ``directory``
+    (its client proxy when the cluster is proxied), and the cluster's secret."""
     from controller.errors import ControllerError  # only --dir needs the local cluster (and kazoo)
     from ..cluster import ClusterError, LocalCluster
     cluster = LocalCluster(directory)
@@ -96,7 +97,7 @@ def _master_from_local_cluster(directory: str, group: str) -> tuple[str, str | N
         raise click.ClickException(f"the cluster in {directory} has no group {group!r}: use --zk-group with one "
                                    f"of {', '.join(groups)}")
     try:
-        return cluster.master(group).client_address, cluster.topology.secret
+        return cluster.advertised_client_address(cluster.master(group).name), cluster.topology.secret
     except (ClusterError, ControllerError) as error:
         raise click.ClickException(f"group {group} of the cluster in {directory} has no master now ({error}); "
                                    f"see `hastore cluster status --dir {directory}`") from None

@@ -25,8 +25,8 @@ from controller import ZooKeeperServer
 from controller.errors import ZooKeeperServerError
 
 from ..wire.address import split_address
-from .proxies import (TOXIPROXY, TOXIPROXY_URL_ENV, ProxyLink, ToxiproxyAPI, node_routes, plan_links,
-                      toxiproxy_spec, with_listen_addresses)
+from .proxies import (TOXIPROXY, TOXIPROXY_URL_ENV, ProxyLink, ToxiproxyAPI, client_proxies, node_routes,
+                      plan_links, toxiproxy_spec, with_listen_addresses)
 from .state import ProcessSpec, write_atomically
 from .topology import ClusterError, ClusterTopology, NodePorts, assign_ports, free_ports, port_is_free
 
@@ -149,8 +149,10 @@ def _controller_spec(directory: str, topology: ClusterTopology, index: int, zk_h
 
 def _write_node_configs(directory: str, topology: ClusterTopology, ports: dict[str, NodePorts],
                         zk_hosts: str | None, links: tuple[ProxyLink, ...]) -> list[ProcessSpec]:
-    """Write each node's node.yaml (its own proxies in ``links`` when proxied); their specs."""
+    """Write each node's node.yaml (its own proxies in ``links`` when proxied, and its client
+    proxy as the client address it advertises); their specs."""
     ha_of = {node.node_id: _address(topology, ports[node.node_id].ha_port) for node in topology.nodes}
+    advertised = client_proxies(links)
     specs = []
     for node in topology.nodes:
         node_dir = os.path.join(directory, node.node_id)
@@ -158,7 +160,8 @@ def _write_node_configs(directory: str, topology: ClusterTopology, ports: dict[s
         config_path = os.path.join(node_dir, "node.yaml")
         store_path = os.path.join(node_dir, "store")
         zk_proxy, peers = node_routes(node.node_id, links, ha_of)
-        mapping = topology.node_config(node, ports, store_path, zk_hosts=zk_proxy or zk_hosts, peer_ha_addresses=peers)
+        mapping = topology.node_config(node, ports, store_path, zk_hosts=zk_proxy or zk_hosts, peer_ha_addresses=peers,
+                                       advertised=advertised)
         write_atomically(config_path, "# written by `hastore cluster up`; rewritten at every up\n"
                          + yaml.safe_dump(mapping, sort_keys=False), private=topology.secret is not None)
         phase = 2 if zk_hosts is not None else (0 if node.role == "master" else 1)

@@ -8,8 +8,11 @@ every link through a Toxiproxy proxy of its own, so that one link can be cut or 
     CONTROLLER_to_zk        a controller's ZooKeeper session -> ZooKeeper (controller mode)
 
 The names are the ones chaos.nemesis cuts. Each node's node.yaml names its own ZooKeeper
-proxy (``zk_hosts``) and its pair proxies (``peer_ha_addresses``: a master's HA address ->
-the proxy this slave dials instead); each controller is started with ``--zk`` its proxy.
+proxy (``zk_hosts``), its pair proxies (``peer_ha_addresses``: a master's HA address ->
+the proxy this slave dials instead) and its client proxy as ``advertised_client_address``,
+which its NOT_MASTER replies and ZooKeeper records name, so that a client following them
+stays behind the proxy; each controller is started with ``--zk`` its proxy. The HA address
+stays advertised as it is (each slave has a proxy of its own to it, keyed by it).
 
 The Toxiproxy server is ``hastore chaos toxiproxy serve`` on a free loopback port, run by the
 supervisor as one of the cluster's processes (phase -1: first up, last down), or the real
@@ -114,6 +117,13 @@ def node_routes(node: str, links: Iterable[ProxyLink], ha_of: dict[str, str]) ->
     peers = {ha_of[link.peer]: link.listen for link in links if link.kind == "ha"}
     zk = next((link.listen for link in links if link.kind == "zk"), None)
     return zk, peers
+
+
+def client_proxies(links: Iterable[ProxyLink]) -> dict[str, str]:
+    """node id -> the listen address of its client proxy: the client address the node
+    advertises (``advertised_client_address``), so that clients following a NOT_MASTER reply
+    or a ZooKeeper master record reach it through its proxy too."""
+    return {link.peer: link.listen for link in links if link.kind == "client" and link.listen}
 
 
 def toxiproxy_spec(directory: str, port: int, hastore: tuple[str, ...]) -> ProcessSpec:

@@ -68,7 +68,7 @@ from .cluster_secret import with_secret_from_environment
 from .plan import plan_processes
 from .probes import PROBE_TIMEOUT_S, probe_all, ready_or_failures
 from .processes import KILL_WAIT_S, SupervisedProcess, log_tail, spawn, stop as stop_processes, wait_exit
-from .proxies import API_TIMEOUT_S, TOXIPROXY, ProxyLink, ToxiproxyAPI
+from .proxies import API_TIMEOUT_S, TOXIPROXY, ProxyLink, ToxiproxyAPI, client_proxies
 from .records import CALL_TIMEOUT_S, ClusterRecords
 from .state import STATE_FILE, STATE_FORMAT, ProcessSpec, locked, read_state, write_state
 from .topology import ClusterError, ClusterTopology, default_topology, topology_from_mapping
@@ -187,6 +187,11 @@ class LocalCluster:
     def proxy_links(self) -> list[ProxyLink]:
         """The cluster's proxies as planned (name, upstream, kind, owner, peer, listen)."""
         return [ProxyLink.from_json(item) for item in ((self._state or {}).get("proxies") or {}).get("links", [])]
+
+    def advertised_client_address(self, name: str) -> str:
+        """Where clients are told to reach node ``name``: its client proxy in a proxied cluster
+        (the ``advertised_client_address`` of its node.yaml), else its client address."""
+        return client_proxies(self.proxy_links()).get(name) or self.node(name).client_address
 
     def proxy_listing(self, timeout_s: float = API_TIMEOUT_S) -> list[dict]:
         """Each proxy as the server holds it now (name, listen, upstream, enabled, toxics), with

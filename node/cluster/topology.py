@@ -95,7 +95,8 @@ _PORT_KEYS = ("client_port", "ha_port", "metrics_port")
 # NodeConfig keys the cluster sets itself for every node; an override may not change them.
 _OWNED_NODE_KEYS = ("node_id", "cluster", "group", "store_path", "role", "client_address", "ha_address",
                     "metrics_address", "master_ha_address", "master_client_address", "secret", "secret_file",
-                    "zk_hosts", "priority", "zk_session_timeout_ms", "peer_ha_addresses")
+                    "zk_hosts", "priority", "zk_session_timeout_ms", "peer_ha_addresses",
+                    "advertised_client_address", "advertised_ha_address")
 # NodeConfig keys of controller mode; the cluster builds and checks them itself.
 _CONTROLLER_NODE_KEYS = ("zk_hosts", "priority", "zk_session_timeout_ms")
 _CONTROLLER_KEYS = ("mode", "zookeeper", "controllers", "session_timeout_ms", "enable_elect_unclean_master")
@@ -171,12 +172,16 @@ class ClusterTopology:
         raise ClusterError(f"no node {node_id!r} in the topology (nodes: {', '.join(n.node_id for n in self.nodes)})")
 
     def node_config(self, node: NodeSpec, ports: dict[str, NodePorts], store_path: str,
-                    zk_hosts: str | None = None, peer_ha_addresses: dict | None = None) -> dict:
+                    zk_hosts: str | None = None, peer_ha_addresses: dict | None = None,
+                    advertised: dict | None = None) -> dict:
         """The YAML mapping of ``node``'s config, with every node's ports resolved. In controller
         mode it names ZooKeeper (``zk_hosts``, required then) instead of a static role. A
-        proxied cluster gives the node's own ZooKeeper proxy as ``zk_hosts`` and the proxy of
-        each slave -> master pair in ``peer_ha_addresses``. The secret is named by its file
-        when it has one, so that node.yaml does not hold it."""
+        proxied cluster gives the node's own ZooKeeper proxy as ``zk_hosts``, the proxy of
+        each slave -> master pair in ``peer_ha_addresses`` and, in ``advertised`` (node id ->
+        its client proxy), the address each node tells clients (``advertised_client_address``;
+        a static slave's ``master_client_address``), so that no redirect bypasses a proxy. The
+        secret is named by its file when it has one, so that node.yaml does not hold it."""
+        advertised = advertised or {}
         group = next(g for g in self.groups if g.name == node.group)
         own = ports[node.node_id]
         mapping = {"node_id": node.node_id, "cluster": self.cluster, "group": node.group, "store_path": store_path,
@@ -192,7 +197,10 @@ class ClusterTopology:
         if not self.controller.enabled and node.role == "slave":
             master = ports[group.master.node_id]
             mapping["master_ha_address"] = self._address(master.ha_port)
-            mapping["master_client_address"] = self._address(master.client_port)
+            mapping["master_client_address"] = advertised.get(group.master.node_id,
+                                                              self._address(master.client_port))
+        if node.node_id in advertised:
+            mapping["advertised_client_address"] = advertised[node.node_id]
         if self.secret_file is not None:
             mapping["secret_file"] = self.secret_file
         elif self.secret is not None:

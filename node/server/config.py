@@ -23,6 +23,8 @@ from store.errors import StoreConfigError
 from ..errors import NodeConfigError
 from ..wire.address import address_problem
 
+# hosts that mean "every interface" when listening: nobody can dial them
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 # StoreConfig fields the node sets itself from its own keys.
 _STORE_FIELDS_OWNED_BY_NODE = ("store_path", "flush", "store_host")
 # the node runs its store's dispatch in its trio loop (dispatch_loop.py), whatever a file says
@@ -43,6 +45,12 @@ class NodeConfig:
     role: str = "master"                       # master | slave (the static role, without a controller)
     master_ha_address: str | None = None       # a static slave's master (host:port)
     master_client_address: str | None = None   # told to clients in NOT_MASTER replies
+    # Where others are told to reach this node, when not where it listens (a proxy, NAT, a
+    # container's published port), like Kafka's advertised.listeners: NOT_MASTER replies, its
+    # ZooKeeper records (master record, live nodes), the replication handshake, status.
+    advertised_client_address: str | None = None   # default: client_address as bound
+    # Slaves dial it (through their peer_ha_addresses, which key on it).
+    advertised_ha_address: str | None = None       # default: ha_address as bound
     replication: str = "async"                 # sync | async
     flush: str = "async"                       # sync | async
     # When set, clients and slaves pass an HMAC challenge. Keep it out of the YAML with
@@ -108,6 +116,7 @@ class NodeConfig:
             value = getattr(self, name)
             if value is not None and address_problem(value):
                 problems.append(f"{name}: {address_problem(value)}")
+        problems += self._advertised_problems()
         for peer, dialed in self.peer_ha_addresses.items():
             if not isinstance(peer, str) or not isinstance(dialed, str) or address_problem(peer) \
                     or address_problem(dialed):
@@ -164,6 +173,32 @@ class NodeConfig:
             self.store_config()
         except (StoreConfigError, TypeError) as error:
             raise NodeConfigError(f"store: {error}") from None
+
+    def _advertised_problems(self) -> list[str]:
+        problems = []
+        for name in ("advertised_client_address", "advertised_ha_address"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if address_problem(value):
+                problems.append(f"{name}: {address_problem(value)}")
+                continue
+            host, _, port = value.rpartition(":")
+            if int(port) == 0:
+                problems.append(f"{name}: {value!r} has port 0; give the port others dial")
+            if host.strip("[]") in _WILDCARD_HOSTS:
+                problems.append(f"{name}: {value!r} is a listen-on-every-interface host, not one others "
+                                f"can dial; give this node's host name or IP")
+        if not problems and (self.advertised_client_address or self.advertised_ha_address):
+            client, ha = self.advertised_addresses(self.client_address, self.ha_address)
+            if client == ha:
+                problems.append(f"advertised_client_address, advertised_ha_address: {client} would be advertised "
+                                f"for both; clients and slaves need different ports")
+        return problems
+
+    def advertised_addresses(self, bound_client: str, bound_ha: str) -> tuple[str, str]:
+        """(client, HA) addresses this node tells others, given where it listens."""
+        return self.advertised_client_address or bound_client, self.advertised_ha_address or bound_ha
 
     def store_config(self, store_host: str | None = None) -> StoreConfig:
         """The StoreConfig this node runs its store with."""

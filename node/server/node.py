@@ -111,6 +111,8 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
     client_address = _bound_address(client_listeners)
     metrics_address = _bound_address(metrics_listeners)
     ha_address = _bound_address(ha_listeners)
+    # what others are told: ZooKeeper records, NOT_MASTER replies, the replication handshake
+    advertised_client, advertised_ha = config.advertised_addresses(client_address, ha_address)
     store = MessageStore(config.store_config(store_host=client_address).replace(dispatcher_thread=False))
     await trio.to_thread.run_sync(store.start)
     in_loop = LoopCaller()
@@ -128,10 +130,10 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             controller = None
             if config.zk_hosts is not None:
                 controller = ControllerMode(agent_settings(config), Registration(
-                    client_address, ha_address, config.priority, max_offset=lambda: store.max_physical_offset,
+                    advertised_client, advertised_ha, config.priority, max_offset=lambda: store.max_physical_offset,
                     last_epoch=lambda: epochs.last_epoch))
             waiters = PullWaiters()
-            ha = HaRuntime(config, store, role, sys_config, epochs, ha_listeners, ha_address, client_address,
+            ha = HaRuntime(config, store, role, sys_config, epochs, ha_listeners, ha_address, advertised_client,
                            write_permit=controller.agent.may_ack if controller is not None else None,
                            on_sync_state_set_change=controller.persist_sync_state_set if controller is not None
                            else None,
@@ -148,7 +150,8 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             counts = ConnectionCounts()
             busy_poll = BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher))
             status = StatusSources(client_address, ha_address, metrics_address, config.busy_poll_us, counts,
-                                   busy_poll, replication=lag.replication_status,
+                                   busy_poll, advertised=(advertised_client, advertised_ha),
+                                   replication=lag.replication_status,
                                    controller=controller.status if controller is not None else None,
                                    integrity=integrity.status)
             handlers = RequestHandlers(config, store, role, sys_config, metrics, status, waiters=waiters, replicas=ha,
@@ -194,7 +197,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
 @dataclass(frozen=True)
 class StatusSources:
     """The sections a node's status reply adds to the handlers' own (``status_extra``), read
-    from parts made before the handlers: the bound addresses, the connection counters and
+    from parts made before the handlers: the bound and advertised addresses, the connection counters and
     busy poll the client server will use, the replication runtime's status and, under a
     controller, the agent's."""
 
@@ -207,14 +210,17 @@ class StatusSources:
     replication: Callable[[], dict]
     controller: Callable[[], dict] | None
     integrity: Callable[[], dict] | None = None    # scrub progress and repairs (node/server/integrity.py)
+    advertised: tuple[str, str] | None = None      # (client, HA) others are told; None: the bound ones
 
     def __call__(self) -> dict:
         polled = self.busy_poll.statistics()
+        advertised = self.advertised or (self.client_address, self.ha_address)
         return {"connections": self.counts.open, "clients": self.counts.status(),
                 "busy_poll": {"window_us": self.busy_poll_us if self.busy_poll.enabled else 0,
                               "reads": polled.reads, "seconds": round(polled.seconds, 6)},
                 "client_address": self.client_address, "ha_address": self.ha_address,
-                "metrics_address": self.metrics_address, "replication": self.replication(),
+                "metrics_address": self.metrics_address, "advertised_client_address": advertised[0],
+                "advertised_ha_address": advertised[1], "replication": self.replication(),
                 "controller": self.controller() if self.controller is not None else None,
                 "integrity": self.integrity() if self.integrity is not None else None}
 
