@@ -349,10 +349,14 @@ class HAService:
         parked = False  # since the last send: a send that yields nothing must not hog the loop
         sent_confirm = -1  # the confirm offset this slave was last told (it reads up to it)
         while True:
+            # a CONFIRM frame goes in the same write as the data frame behind it, if any
+            confirm = b""
             if store.confirm_offset != sent_confirm:
                 sent_confirm = store.confirm_offset
-                await send_now(stream, protocol.confirm(sent_confirm))
+                confirm = protocol.confirm(sent_confirm)
             if ahead is None and offset >= store.max_offset:
+                if confirm:
+                    await send_now(stream, confirm)
                 now = trio.current_time()
                 if now >= heartbeat_due:
                     await send_now(stream, protocol.heartbeat(store.max_offset))
@@ -382,6 +386,7 @@ class HAService:
             # returns here, and an ack past sent_offset is a protocol error
             replica.sent_offset = offset + len(data)
             offset += len(data)
+            header = confirm + header
             if store.max_offset - offset > INLINE_READ_BYTES_MAX:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._send_frame, stream, header, data)
@@ -399,6 +404,7 @@ class HAService:
 
     @staticmethod
     async def _send_frame(stream, header: bytes, data: memoryview) -> None:
+        """``header`` (a CONFIRM frame may lead it) and ``data``, in one write when small."""
         if len(data) <= COALESCE_SEND_BYTES_MAX:
             await send_now(stream, header + data)
         else:

@@ -26,6 +26,9 @@ NAME_DIGITS = 20
 # kernel's default read-ahead, when the device is unknown), up to a bound.
 POPULATE_STEP_BYTES_MIN = 128 * 1024
 POPULATE_STEP_BYTES_MAX = 8 * 1024 * 1024
+# ``write`` populates first only above this: for a replicated frame of a few records the
+# fadvise cost more than the copy (the preallocator keeps the pages ahead of a writer in)
+WRITE_POPULATE_BYTES_MIN = 64 * 1024
 # madvise(MADV_POPULATE_WRITE), Linux >= 5.14: fault pages in writable as a write would.
 # Called through ctypes, which releases the GIL (mmap.madvise holds it).
 MADV_POPULATE_WRITE = 23
@@ -94,7 +97,8 @@ class MappedFile:
         view = memoryview(data).cast("B")
         invariant(0 <= position and position + len(view) <= self.size,
                   f"{self.path}: write of {len(view)} bytes at {position} is outside the file")
-        self.populate(position, position + len(view))
+        if len(view) > WRITE_POPULATE_BYTES_MIN:  # a small write's fadvise cost more than the write
+            self.populate(position, position + len(view))
         while view:
             written = os.pwrite(self.fd, view, position)
             view = view[written:]
