@@ -2,7 +2,8 @@
 (``advertised_client_address``), so NOT_MASTER replies and ZooKeeper's master record name the
 proxy, not the node. Plans without processes; then a real proxied cluster whose master's
 client proxy is disabled: a client bootstrapped at a slave follows NOT_MASTER into the cut,
-while a direct connection would still write."""
+while a direct connection would still write. Last, ``advertised_ha_address``: under the
+controller, slaves dial the HA address their master advertises."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import trio
 import yaml
 
 from chaos.toxiproxy import ToxiproxyClient
+from chaos.toxiproxy.runner import running_toxiproxy
 from node.client import open_producer
 from node.cluster.cli import LocalCluster
 from node.cluster.plan import plan_processes
@@ -21,6 +23,7 @@ from node.cluster.topology import ClusterConfigError
 from node.errors import NodeError
 
 from cluster_helpers import SMALL_STORE, hastore, node_status, small_topology
+from test_cluster_proxied import wait_until
 
 NODES = ("g1-n1", "g1-n2", "g1-n3")
 CONFIG = {"cluster": "advertised", "store": SMALL_STORE, "startup_timeout_s": 40,
@@ -103,3 +106,43 @@ def test_a_client_following_not_master_is_cut_off_with_the_masters_client_proxy(
         assert _sends(direct, b"direct") is None   # the master itself still writes: only its proxy is down
     assert _sends(slave_proxy, b"after") is None
     assert cluster.current_master("g1").node_id == master.node_id   # no failover: clients alone were cut
+
+
+def _with_key(path: str, key: str, value: str) -> None:
+    with open(path, encoding="utf-8") as handle:
+        mapping = yaml.safe_load(handle)
+    mapping[key] = value
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(mapping, handle, sort_keys=False)
+
+
+def _replication(address: str) -> dict:
+    return node_status(address)["replication"]
+
+
+@pytest.mark.integration   # ZooKeeper, controllers and nodes as processes, a proxy server in a thread
+def test_slaves_dial_the_ha_address_their_master_advertises(cluster_dir):
+    cluster = LocalCluster(cluster_dir, small_topology(cluster="advertised-ha", controller=CONFIG["controller"]))
+    cluster.up()
+    with running_toxiproxy() as url, ToxiproxyClient(url) as proxies:
+        # each node advertises a proxy in front of its HA port (as behind NAT), then restarts with it
+        advertised = {}
+        for spec in cluster.nodes():
+            advertised[spec.name] = proxies.create_proxy(f"{spec.name}_ha", spec.ha_address).listen
+            _with_key(spec.config_path, "advertised_ha_address", advertised[spec.name])
+        old = cluster.current_master("g1").node_id
+        for name in sorted(NODES, key=lambda node: node == old):   # the master last: one failover
+            cluster.restart(name)
+        new = cluster.wait_for_master("g1", 30, not_node=old)
+        assert new.ha_address == advertised[new.node_id]             # ZooKeeper's master record
+        assert node_status(cluster.node(new.node_id).client_address)["advertised_ha_address"] == new.ha_address
+        slaves = [cluster.node(node).client_address for node in NODES if node != new.node_id]
+        for slave in slaves:
+            wait_until("a slave streaming through the advertised HA address",
+                       lambda: (state := _replication(slave))["master_ha_address"] == new.ha_address
+                       and state["connected"])
+        with proxies.down(f"{new.node_id}_ha"):    # the slaves reach their master through it alone
+            for slave in slaves:
+                wait_until("a slave cut off from its master", lambda: not _replication(slave)["connected"])
+        for slave in slaves:
+            wait_until("a slave streaming again", lambda: _replication(slave)["connected"])
