@@ -114,7 +114,8 @@ async def _sparks(status: dict, master_status: dict | None, secret: str | None) 
     from . import open_admin
     from ..errors import NodeError
     shown = master_status if (status.get("replication") or {}).get("role") == "slave" else status
-    address = (shown or {}).get("client_address")
+    shown = shown or {}
+    address = shown.get("advertised_client_address") or shown.get("client_address")   # older nodes: bound only
     if not address:
         return {}
     try:
