@@ -48,9 +48,19 @@ message for a fixed workload and /proc CPU per message in the same runs):
   (a quieter machine): hastore over Redis 1.69 -> 1.33. Callgrind counts moved less:
   master 97k -> 90k instructions a message, slaves 26k -> 27k; what the fewer loop passes
   save is mostly the cost of waking and running cold, which instruction counts miss.
-- Left: the fixed cost of a wake-up itself (the node's request path, the dispatch pass
-  that follows each put on master and slaves, two acks that arrive apart), per-write
-  ``posix_fadvise`` in the slave's append (20 of its 33 µs) and the busy poll's CPU.
+- Then: a slave wakes its dispatch once per ``dispatch_delay_ms`` (10) for every frame of
+  that time instead of once per frame (replication/ha_client.py), a CONFIRM frame leaves in
+  the same write as the data frame behind it, and a small replicated write no longer
+  calls ``posix_fadvise``. /proc, alternated runs against the code before in one sitting:
+  each slave 28.6-31 -> 22-24 µs a batched message and 720-760 -> 550-560 µs a single send.
+- Tried and left out: the master polling its loop (busy_poll.py's window) for the second
+  slave's ack once the first arrived: single p50 -2 %, master CPU +30 µs a single send,
+  batched CPU no better (3 alternated runs), within the noise of this machine.
+- The largest cost left is not on the replication path: the background scrub (store/scrub.py,
+  8 MiB/s of Python CRC checks on every node, over and over a small log) took about a third
+  of hastore's batched CPU here: 94 -> 51 and 86 -> 57 µs a message with
+  ``scrub_bytes_per_s`` near zero (each slave 22-24 -> 10-12 µs), 2.9-3.1 -> 1.9-2.8 ms a
+  single send. Redis has no such pass.
 """
 
 from __future__ import annotations
