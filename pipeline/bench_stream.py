@@ -30,8 +30,10 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def measure_stream_latency(spark, count: int = 300, pace_s: float = 0.02, timeout_s: float = 120) -> dict:
-    """Latency figures (ms) of ``count`` messages through a 100 ms trigger query."""
+def measure_stream_latency(spark, count: int = 300, pace_s: float = 0.02, timeout_s: float = 120,
+                           options: dict | None = None) -> dict:
+    """Latency figures (ms) of ``count`` messages through a 100 ms trigger query (``options``:
+    more options of the source, e.g. ``{"rowsPerPartition": 1}`` for a task per queue)."""
     from node.client import SyncAdmin, SyncProducer
     from node.cluster import LocalCluster, topology_from_mapping
     directory = tempfile.mkdtemp(prefix="hastore-bench-stream-")
@@ -52,8 +54,8 @@ def measure_stream_latency(spark, count: int = 300, pace_s: float = 0.02, timeou
         master = cluster.master("g1").client_address
         with SyncAdmin(master, timeout_ms=10_000) as admin:
             admin.create_topic(TOPIC, QUEUES)
-        query = (spark.readStream.format("hastore").option("bootstrap", master).option("topics", TOPIC)
-                 .option("startingOffsets", "latest").load()
+        reader = spark.readStream.format("hastore").options(**(options or {}))
+        query = (reader.option("bootstrap", master).option("topics", TOPIC).option("startingOffsets", "latest").load()
                  .writeStream.foreachBatch(note).trigger(processingTime=TRIGGER).start())
         _wait_for_first_batch(query, timeout_s)
         sent: dict[int, float] = {}
@@ -78,7 +80,7 @@ def measure_stream_latency(spark, count: int = 300, pace_s: float = 0.02, timeou
         cluster.down()
         shutil.rmtree(directory, ignore_errors=True)
     latencies = [(seen[index] - at) * 1000 for index, at in sent.items() if index in seen]
-    figures = {"trigger": TRIGGER, "messages": len(sent), "received": len(latencies)}
+    figures = {"trigger": TRIGGER, "options": dict(options or {}), "messages": len(sent), "received": len(latencies)}
     if latencies:
         figures.update(p50_ms=round(_percentile(latencies, 0.5), 1), p99_ms=round(_percentile(latencies, 0.99), 1),
                        max_ms=round(max(latencies), 1))

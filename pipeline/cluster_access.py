@@ -11,7 +11,10 @@ bootstrap          client addresses of the group's nodes, ``host:port[,host:port
                    master is the node that says it is master (or the one a slave names)
 zk                 ZooKeeper hosts instead: the master is read from the controller's record
 cluster            cluster name under ZooKeeper (default ``hastore``)
-group              the group whose master is wanted (default ``g1``)
+group              the group whose master is wanted (default ``g1`` with ``bootstrap``); with
+                   ``zk`` and no ``group`` each topic follows its route in ZooKeeper
+                   (``hastore topic create T --zk HOSTS``): its queues in every group that
+                   holds some, each group's master found on its own
 secret             the cluster secret, if it has one (else ``HASTORE_SECRET`` from the
                    environment of the Spark processes)
 requestTimeoutMs   bound of one request (default 10000)
@@ -22,9 +25,10 @@ failoverTimeoutMs  how long a read or a send waits for a master before the task 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, TypeVar
 
 from .errors import OptionError, PipelineError
@@ -36,6 +40,7 @@ FAILOVER_TIMEOUT_MS_DEFAULT = 60_000
 RETRY_PAUSE_S = (0.05, 0.1, 0.2, 0.4, 0.8)   # then 0.8 s until the deadline
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class MasterUnavailableError(PipelineError):
@@ -49,14 +54,22 @@ class ClusterTarget:
     bootstrap: tuple[str, ...]
     zk: str | None
     cluster: str = DEFAULT_CLUSTER
-    group: str = DEFAULT_GROUP
+    group: str | None = DEFAULT_GROUP        # None: routed (zk only), topics across their groups
     secret: str | None = None
     request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT
     failover_timeout_ms: int = FAILOVER_TIMEOUT_MS_DEFAULT
 
+    @property
+    def routed(self) -> bool:
+        return self.group is None
+
+    def for_group(self, group: str) -> "ClusterTarget":
+        """The same cluster, one group of it."""
+        return replace(self, group=group)
+
     def describe(self) -> str:
         where = f"ZooKeeper {self.zk}, cluster {self.cluster}" if self.zk else f"nodes {','.join(self.bootstrap)}"
-        return f"group {self.group} ({where})"
+        return f"group {self.group} ({where})" if self.group else f"the topics' routes ({where})"
 
 
 def positive_int(options, name: str, default: int | None, low: int = 1, high: int = 2**62) -> int | None:
@@ -92,11 +105,50 @@ def target_from_options(options) -> ClusterTarget:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise OptionError(f"option bootstrap: {address!r} is not host:port")
-    return ClusterTarget(bootstrap, zk, str(options.get("cluster") or DEFAULT_CLUSTER),
-                         str(options.get("group") or DEFAULT_GROUP),
+    group = str(options.get("group") or "").strip() or (None if zk else DEFAULT_GROUP)
+    return ClusterTarget(bootstrap, zk, str(options.get("cluster") or DEFAULT_CLUSTER), group,
                          options.get("secret") or os.environ.get("HASTORE_SECRET") or None,
                          positive_int(options, "requestTimeoutMs", REQUEST_TIMEOUT_MS_DEFAULT, 100, 600_000),
                          positive_int(options, "failoverTimeoutMs", FAILOVER_TIMEOUT_MS_DEFAULT, 100, 3_600_000))
+
+
+ROUTES_FRESH_S = 5.0        # a route read from ZooKeeper is used this long (routes only grow)
+_ROUTES: dict = {}
+
+
+def topic_routes(target: ClusterTarget, topics, *, clock: Callable[[], float] = time.monotonic) -> dict:
+    """``{topic: {group: (queue ids)}}`` from the routes in ZooKeeper (a routed target);
+    read again after ROUTES_FRESH_S. MasterUnavailableError when ZooKeeper cannot be read,
+    OptionError for a topic without a route."""
+    now = clock()
+    key = (target.zk, target.cluster)
+    cached = {t: entry[1] for t in topics if (entry := _ROUTES.get((*key, t))) and now - entry[0] < ROUTES_FRESH_S}
+    missing = [t for t in topics if t not in cached]
+    if missing:
+        from controller.errors import ControllerError
+        from controller.routes import read_route
+        from controller.znodes import make_client, start_client
+        timeout_s = min(target.request_timeout_ms, 10_000) / 1000
+        client = make_client(target.zk, session_timeout_ms=max(2000, int(timeout_s * 1000)))
+        try:
+            start_client(client, timeout_s, "the hastore source")
+            for topic in missing:
+                route = read_route(client, target.cluster, topic, timeout_s)
+                if route is None:
+                    raise OptionError(f"topic {topic} has no route in cluster {target.cluster} (ZooKeeper "
+                                      f"{target.zk}): create it with `hastore topic create {topic} --zk {target.zk}`, "
+                                      f"or name the group that holds it with option group")
+                cached[topic] = route.as_mapping()
+                _ROUTES[(*key, topic)] = (now, cached[topic])
+        except ControllerError as error:
+            raise MasterUnavailableError(f"cannot read the routes of {', '.join(missing)}: {error}") from None
+        finally:
+            try:
+                client.stop()
+                client.close()
+            except Exception as error:    # a session that never started: nothing to release
+                log.debug("closing the ZooKeeper client: %s", error)
+    return {topic: cached[topic] for topic in topics}
 
 
 def find_master_once(target: ClusterTarget) -> str:

@@ -11,7 +11,10 @@ stream source's rows can be written back as they are.
 
 Options: the cluster's (bootstrap | zk, cluster, group, secret, requestTimeoutMs,
 failoverTimeoutMs; pipeline.cluster_access), ``topic``, and ``batchSize`` (messages per send,
-default 256).
+default 256). With ``zk`` and no ``group`` a topic's batches go to the groups of its route in
+ZooKeeper in turn (the node picks the queue inside the group; a ``queue_id`` column is then
+refused); a group failing over holds only its own batch, until its new master or
+failoverTimeoutMs.
 
 Success is the node's acknowledgement: with sync replication a message is PUT_OK only once
 the in-sync replicas hold it. Any other status (FLUSH_SLAVE_TIMEOUT, ...) fails the task, and
@@ -24,6 +27,7 @@ failoverTimeoutMs.
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -65,7 +69,11 @@ def sink_settings(options, schema) -> SinkSettings:
     topic = str(options.get("topic") or "").strip() or None
     if topic is None and "topic" not in present:
         raise OptionError('the hastore sink needs option topic (or a topic column): .option("topic", "orders")')
-    return SinkSettings(target_from_options(options), topic, tuple(n for n in SINK_TYPES if n in present),
+    target = target_from_options(options)
+    if target.routed and "queue_id" in present:
+        raise OptionError("the hastore sink routes each topic over its groups (zk without group): a queue_id column "
+                          "does not say which group's queue; drop it, or name the group with option group")
+    return SinkSettings(target, topic, tuple(n for n in SINK_TYPES if n in present),
                         positive_int(options, "batchSize", BATCH_SIZE_DEFAULT, 1, 4096))
 
 
@@ -100,36 +108,57 @@ def _outgoing(batch, settings: SinkSettings):
 
 
 class _Sender:
-    """One task's producer: batches per topic, sent to the master, each outcome checked."""
+    """One task's producers (one per group): batches per topic, each sent to the master of its
+    group, each outcome checked. A routed topic's batches go to the groups of its route in
+    turn, starting at a different group in each task."""
 
     def __init__(self, settings: SinkSettings) -> None:
         self.settings = settings
-        self.producer = None
+        self.producers: dict = {}
         self.acked: dict[str, int] = {}
+        self.turns: dict[str, int] = {}
 
-    def _open(self):
+    def _group_for(self, topic: str) -> str | None:
+        if not self.settings.target.routed:
+            return None
+        from .cluster_access import topic_routes
+        groups = sorted(g for g, ids in retrying(self.settings.target,
+                                                 lambda: topic_routes(self.settings.target, [topic]),
+                                                 (MasterUnavailableError,), f"reading the route of {topic}")[topic].items()
+                        if ids)
+        if topic not in self.turns:
+            self.turns[topic] = random.randrange(len(groups))      # tasks spread their first batches
+        turn = self.turns[topic]
+        self.turns[topic] = turn + 1
+        return groups[turn % len(groups)]
+
+    def _open(self, group: str | None):
         from node.client import SyncProducer
-        if self.producer is None:
-            address = find_master_once(self.settings.target)
-            self.producer = SyncProducer(address, secret=self.settings.target.secret,
-                                         timeout_ms=self.settings.target.request_timeout_ms)
-        return self.producer
+        if self.producers.get(group) is None:
+            target = self.settings.target if group is None else self.settings.target.for_group(group)
+            address = find_master_once(target)
+            self.producers[group] = SyncProducer(address, secret=target.secret, timeout_ms=target.request_timeout_ms)
+        return self.producers[group]
 
-    def close(self) -> None:
-        producer, self.producer = self.producer, None
-        if producer is not None:
-            try:
-                producer.close()
-            except Exception as error:   # a producer whose master died: nothing left to release
-                log.debug("closing the producer: %s", error)
+    def close(self, group: str | None = None, *, every: bool = True) -> None:
+        for name in list(self.producers) if every else [group]:
+            producer = self.producers.pop(name, None)
+            if producer is not None:
+                try:
+                    producer.close()
+                except Exception as error:   # a producer whose master died: nothing left to release
+                    log.debug("closing the producer: %s", error)
 
     def send(self, topic: str, messages: list) -> None:
         from node.errors import (AuthError, ConnectionLostError, NotMasterError, RequestError, RequestTimeoutError,
                                  UnknownOutcomeError, UnsentError)
 
+        group = self._group_for(topic)
+        target = self.settings.target if group is None else self.settings.target.for_group(group)
+
         def attempt():
             try:
-                return self._open().send_batch(topic, messages)
+                return self._open(group).send_batch(topic, messages)
             except (UnknownOutcomeError, RequestTimeoutError) as error:
                 raise SinkError(f"hastore sink: {len(messages)} messages to {topic} have an unknown outcome "
                                 f"({error}); the task fails so that Spark retries it (they may be stored twice)") \
@@ -142,9 +171,10 @@ class _Sender:
                 raise SinkError(f"hastore sink: {topic} refused {len(messages)} messages: {error}") from error
 
         def drop(error: BaseException) -> None:
-            log.info("hastore sink: send to %s not taken (%s); finding the master again", topic, error)
-            self.close()
-        results = retrying(self.settings.target, attempt,
+            log.info("hastore sink: send to %s not taken (%s); finding the master of %s again", topic, error,
+                     target.describe())
+            self.close(group, every=False)
+        results = retrying(target, attempt,
                            (_Refused, NotMasterError, UnsentError, ConnectionLostError, MasterUnavailableError,
                             OSError), f"sending to {topic}", on_retry=drop)
         failed = [result for result in results if not result.ok]

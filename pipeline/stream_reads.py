@@ -45,12 +45,14 @@ def arrow_schema() -> pa.Schema:
 
 @dataclass(frozen=True, slots=True)
 class QueueRange:
-    """One partition of a micro-batch: queue offsets ``[start, end)`` of one queue."""
+    """A queue's offsets ``[start, end)`` in a micro-batch (``group``: the group that holds it,
+    for routed topics; None: the source's one group)."""
 
     topic: str
     queue_id: int
     start: int
     end: int
+    group: str | None = None
 
 
 def open_reader_admin(target: ClusterTarget, read_from: str = "master"):
@@ -116,6 +118,27 @@ def share_limit(starts: dict, highs: dict, max_rows: int | None) -> dict:
     return {key: starts[key] + shares[key] for key in highs}
 
 
+def pack_ranges(ranges: list[QueueRange], max_partitions: int | None, rows_per_partition: int) -> list[tuple]:
+    """Queue ranges grouped into partitions (tuples read in turn by one task): as many as the
+    messages call for at ``rows_per_partition`` each (at least one), never more than
+    ``max_partitions`` nor than the ranges. Each range goes whole to the partition holding
+    fewest messages so far, largest ranges first; inside a partition ranges keep queue order."""
+    if not ranges:
+        return []
+    total = sum(r.end - r.start for r in ranges)
+    wanted = max(1, -(-total // rows_per_partition))
+    count = min(len(ranges), wanted, max_partitions or len(ranges))
+    bins: list[list[QueueRange]] = [[] for _ in range(count)]
+    loads = [0] * count
+    def order(r: QueueRange) -> tuple:
+        return r.topic, r.group or "", r.queue_id
+    for piece in sorted(ranges, key=lambda r: (-(r.end - r.start), order(r))):
+        lightest = loads.index(min(loads))
+        bins[lightest].append(piece)
+        loads[lightest] += piece.end - piece.start
+    return [tuple(sorted(b, key=order)) for b in bins if b]
+
+
 def messages_batch(group: str, messages: list) -> pa.RecordBatch:
     """ReceivedMessages as one record batch of the stream's columns."""
     def props(message):
@@ -145,7 +168,7 @@ def read_queue_range(target: ClusterTarget, piece: QueueRange, *, fail_on_data_l
     key = (target, read_from)
     state = {"admin": _ADMINS.pop(key, None) if open_admin is open_reader_admin else None}
     offset = piece.start
-    where = f"{piece.topic}/{piece.queue_id}"
+    where = f"{piece.topic}/{piece.queue_id}" + (f" of group {piece.group}" if piece.group else "")
     stalled_since: float | None = None
 
     def drop(error: BaseException) -> None:
@@ -203,18 +226,19 @@ def read_queue_range(target: ClusterTarget, piece: QueueRange, *, fail_on_data_l
         _keep(key, state["admin"])      # Spark reuses Python workers: the next task skips the connect
 
 
-# One idle admin connection per target kept in a Python worker between tasks (workers are
-# reused); a task takes it out while it reads, so no two tasks share one. Bounded: a new
-# target evicts the others.
+# One idle admin connection per target (a group) kept in a Python worker between tasks
+# (workers are reused); a task takes it out while it reads, so no two tasks share one.
+# Bounded: past ADMINS_KEPT_MAX targets the one kept longest is closed.
+ADMINS_KEPT_MAX = 16
 _ADMINS: dict = {}
 
 
 def _keep(key, admin) -> None:
-    for other in [k for k in _ADMINS if k != key]:
-        _close({"admin": _ADMINS.pop(other)})
     previous = _ADMINS.pop(key, None)
     if previous is not None:
         _close({"admin": previous})
+    while len(_ADMINS) >= ADMINS_KEPT_MAX:
+        _close({"admin": _ADMINS.pop(next(iter(_ADMINS)))})
     _ADMINS[key] = admin
 
 

@@ -9,7 +9,7 @@ import pytest
 from node.client import ReceivedMessage
 from pipeline.cluster_access import MasterUnavailableError, retrying, target_from_options
 from pipeline.errors import OptionError
-from pipeline.stream_reads import arrow_schema, messages_batch, share_limit
+from pipeline.stream_reads import QueueRange, arrow_schema, messages_batch, pack_ranges, share_limit
 from pipeline.stream_source import offsets_from_json, offsets_to_json, parse_starting_offsets, stream_settings
 
 
@@ -100,3 +100,43 @@ def test_messages_become_one_arrow_batch_without_the_store_crc_property():
     assert row["keys"] == ["a", "b"] and row["tags"] == "red" and row["uniq_key"] == "U1"
     assert dict(row["properties"]) == {"KEYS": "a b", "TAGS": "red", "UNIQ_KEY": "U1", "x": "y"}
     assert batch.column("store_timestamp").cast(pa.int64())[0].as_py() == 1_700_000_000_005_000
+
+
+def test_queue_ranges_are_packed_into_few_partitions_each_range_whole():
+    ranges = [QueueRange("t", q, 0, size) for q, size in enumerate((5, 30, 10, 20))] + [QueueRange("a", 0, 7, 9)]
+    assert pack_ranges([], None, 100) == []
+    small = pack_ranges(ranges, None, 1000)            # 67 messages: one task reads every range
+    assert small == [(QueueRange("a", 0, 7, 9),) + tuple(r for r in ranges if r.topic == "t")]
+    for max_partitions, rows in ((None, 1), (3, 1), (2, 20), (None, 30)):
+        packed = pack_ranges(ranges, max_partitions, rows)
+        key = lambda r: (r.topic, r.queue_id)      # noqa: E731
+        assert sorted((r for p in packed for r in p), key=key) == sorted(ranges, key=key)   # each once, whole
+        assert len(packed) == min(len(ranges), -(-67 // rows), max_partitions or len(ranges))
+        assert all(list(p) == sorted(p, key=key) for p in packed)
+    loads = sorted(sum(r.end - r.start for r in p) for p in pack_ranges(ranges, 2, 1))
+    assert loads == [32, 35]                          # the largest first, each to the lightest partition
+
+
+def test_stream_settings_partition_options():
+    base = {"bootstrap": "127.0.0.1:1", "topics": "t"}
+    assert stream_settings(base).max_partitions is None
+    settings = stream_settings({**base, "maxPartitions": "2", "rowsPerPartition": "500"})
+    assert (settings.max_partitions, settings.rows_per_partition) == (2, 500)
+    for name in ("maxPartitions", "rowsPerPartition"):
+        with pytest.raises(OptionError, match=name):
+            stream_settings({**base, name: "0"})
+
+
+def test_zk_without_group_routes_topics_and_keys_offsets_by_group():
+    routed = target_from_options({"zk": "127.0.0.1:2181"})
+    assert routed.routed and routed.group is None and "routes" in routed.describe()
+    assert routed.for_group("g2").group == "g2" and not routed.for_group("g2").routed
+    assert not target_from_options({"zk": "127.0.0.1:2181", "group": "g3"}).routed
+    assert target_from_options({"bootstrap": "127.0.0.1:1"}).group == "g1"
+    offsets = {"orders": {("g2", 1): 7, ("g1", 0): 5, ("g1", 10): 2}}
+    as_json = offsets_to_json(offsets)
+    assert list(as_json["orders"]) == ["g1/0", "g1/10", "g2/1"]
+    assert offsets_from_json(as_json) == offsets
+    assert parse_starting_offsets('{"orders": {"g2/1": 4, "g1/0": -2}}') == {"orders": {("g2", 1): 4, ("g1", 0): -2}}
+    with pytest.raises(OptionError, match="startingOffsets"):
+        parse_starting_offsets('{"orders": {"g2/x": 4}}')
