@@ -7,6 +7,7 @@ loopback ports for ZooKeeper, the Toxiproxy API and the proxies.
 
 from __future__ import annotations
 
+import random
 import socket
 from dataclasses import dataclass
 
@@ -66,23 +67,52 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def free_ports(host: str, count: int, exclude: set[int] = frozenset()) -> list[int]:
-    """``count`` distinct ports the kernel hands out as free, all bound at once so none repeats."""
+    """``count`` distinct free ports, all bound at once so none repeats, chosen below the
+    kernel's ephemeral range. A port the kernel hands out for ``bind(host, 0)`` comes from
+    that range, and so does the local port of every outgoing connection: between this choice
+    and the listener's bind, any connection a starting cluster makes (controllers to
+    ZooKeeper, proxies to their upstreams) could take it, and the node would fail to start
+    with its port "in use". Below the range only another listener can."""
+    low, high = _unclaimed_range()
+    candidates = [port for port in random.sample(range(low, high + 1), min(high - low + 1, 4 * count + 64))
+                  if port not in exclude]
     sockets: list[socket.socket] = []
     ports: list[int] = []
     try:
-        for _ in range(count + len(exclude) + 16):  # bounded: a few spare tries for excluded ports
+        for port in candidates:   # bounded by the sample's size
             if len(ports) == count:
                 break
             probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the node's listener does
+            try:
+                probe.bind((host, port))
+            except OSError:
+                probe.close()
+                continue
             sockets.append(probe)
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-            if port not in exclude:
-                ports.append(port)
+            ports.append(port)
     finally:
         for probe in sockets:
             probe.close()
     if len(ports) != count:
-        raise ClusterError(f"could not find {count} free ports on {host}")
+        raise ClusterError(f"could not find {count} free ports on {host} in {low}-{high}")
     return ports
 
+
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_PORT = 10_000
+
+
+def _unclaimed_range() -> tuple[int, int]:
+    """The ports from LOWEST_PORT up to the ephemeral range's start (Linux default 32768), or,
+    if that range starts too low to leave room, the ports above its end."""
+    try:
+        with open(EPHEMERAL_RANGE_FILE) as handle:
+            first, last = (int(field) for field in handle.read().split())
+    except (OSError, ValueError):
+        first, last = 32768, 60999
+    if first - LOWEST_PORT >= 4096:
+        return LOWEST_PORT, first - 1
+    if 65535 - last >= 4096:
+        return last + 1, 65535
+    return 1024, 65535   # no room outside it: any port, as the kernel would pick
