@@ -41,6 +41,10 @@ class StoreConfig:
     disk_full_policy: str = "delete_oldest"
     # Background scrub (store/scrub.py): flushed CommitLog bytes re-read and CRC-checked per second.
     scrub_bytes_per_s: int = 8 * 1024 * 1024
+    # After a whole walk the scrub goes on with newly flushed bytes only, and starts over
+    # from the log's first offset no sooner than this after the walk began: a small log is
+    # not re-read many times a minute (each walk holds the GIL for its CRC work). 0: at once.
+    scrub_pass_interval_ms: int = 60_000
     # Dispatcher batch bound: bytes of CommitLog read per pass.
     dispatch_batch_bytes_max: int = 4 * 1024 * 1024
     # Woken by a write, the dispatcher waits this long before its pass, so the writes of
@@ -75,6 +79,8 @@ class StoreConfig:
             problems.append(f"disk_full_policy must be 'delete_oldest' or 'refuse_writes', not {self.disk_full_policy!r}")
         if self.scrub_bytes_per_s <= 0:
             problems.append("scrub_bytes_per_s must be positive")
+        if self.scrub_pass_interval_ms < 0:
+            problems.append("scrub_pass_interval_ms must be 0 or more")
         if self.file_reserved_hours <= 0:
             problems.append("file_reserved_hours must be positive")
         if not 0.1 <= self.disk_max_used_ratio <= 0.99:

@@ -3,9 +3,11 @@
 A flipped bit in a record nobody reads stays unseen until a consumer reaches it (or
 never, for a queue read long ago). The scrub walks the flushed log from its first offset
 to the flushed offset and around again, checking each record as a read would (BODYCRC,
-__CRC32# or HCRC, every length). A corrupt record is counted and named by physical
-offset in the store's integrity statistics (and so in status, metrics and the log), which
-is what a replica repair picks up (``repair.overwrite_range``).
+__CRC32# or HCRC, every length). Having reached the flushed offset it follows what is
+flushed after, and goes around again only ``pass_interval_s`` after the walk began. A
+corrupt record is counted and named by physical offset in the store's integrity
+statistics (and so in status, metrics and the log), which is what a replica repair picks
+up (``repair.overwrite_range``).
 
 No thread of its own: the owner calls ``step(now_s)`` from whatever loop it runs (the
 node's dispatch loop, a timer). Each step checks at most what the rate allows since the
@@ -37,18 +39,24 @@ class ScrubStatistics:
 class Scrub:
     """Bounded-rate CRC walk over the flushed CommitLog."""
 
-    def __init__(self, commit_log: CommitLog, integrity: Integrity, *, bytes_per_s: int) -> None:
+    def __init__(self, commit_log: CommitLog, integrity: Integrity, *, bytes_per_s: int,
+                 pass_interval_s: float = 0.0) -> None:
         if bytes_per_s <= 0:
             raise ValueError("bytes_per_s must be positive")
+        if pass_interval_s < 0:
+            raise ValueError("pass_interval_s must be 0 or more")
         self.commit_log = commit_log
         self.integrity = integrity
         self.bytes_per_s = bytes_per_s
+        self.pass_interval_s = pass_interval_s
         self.position = commit_log.min_offset
+        self._pass_started_s: float | None = None   # when the current walk began (None: not yet)
         self.passes_completed = 0
         self.bytes_checked = 0
         self.records_checked = 0
         self.corrupt_records_found = 0
         self._last_step_s: float | None = None
+        self._walk_complete = False                 # this walk reached the flushed offset
 
     def step(self, now_s: float | None = None) -> int:
         """Check the records the rate allows since the last step; return the bytes checked."""
@@ -60,19 +68,29 @@ class Scrub:
         if budget <= 0:
             return 0
         self._last_step_s = now_s
-        return self.check(budget)
+        return self.check(budget, now_s)
 
-    def check(self, budget_bytes: int) -> int:
-        """Check records from ``position`` for up to ``budget_bytes`` (at least one record)."""
+    def check(self, budget_bytes: int, now_s: float | None = None) -> int:
+        """Check records from ``position`` for up to ``budget_bytes`` (at least one record).
+        At the flushed offset a walk is complete; the next starts from the log's first offset
+        once ``pass_interval_s`` has passed since this one began, else the scrub waits there
+        for newly flushed bytes."""
+        now_s = time.monotonic() if now_s is None else now_s
+        if self._pass_started_s is None:
+            self._pass_started_s = now_s
         checked = 0
         log_min, flushed = self.commit_log.min_offset, self.commit_log.flushed_offset
         if self.position < log_min:
             self.position = log_min      # retention removed what was ahead of us
         while checked < budget_bytes:
             if self.position >= flushed:
-                if flushed > log_min:
+                if self.position > log_min and not self._walk_complete:
                     self.passes_completed += 1
-                self.position = log_min
+                    self._walk_complete = True
+                if now_s - self._pass_started_s >= self.pass_interval_s:
+                    self.position = log_min
+                    self._pass_started_s = now_s
+                    self._walk_complete = False
                 break
             segment = self.commit_log.segments.find(self.position)
             if segment is None:
@@ -88,18 +106,19 @@ class Scrub:
         """Bytes to step over from ``at``: the record, or the rest of the segment when its
         lengths cannot be trusted (reported as corrupt)."""
         mm = segment.mm
-        try:
-            header = codec.check_record(mm, at, segment.size, check_crc=False)
-        except CorruptMessage as error:
-            self._found(segment.start_offset + at, f"unreadable record, rest of segment skipped: {error}")
-            return max(1, segment.size - at)
-        if header.is_blank:
+        try:   # one parse for a sound record; a second only to tell a bad CRC from bad lengths
+            header = codec.check_record(mm, at, segment.size, check_crc=True)
+        except CorruptMessage as crc_error:
+            try:
+                header = codec.check_record(mm, at, segment.size, check_crc=False)
+            except CorruptMessage as error:
+                self._found(segment.start_offset + at, f"unreadable record, rest of segment skipped: {error}")
+                return max(1, segment.size - at)
+            self.records_checked += 1
+            self._found(segment.start_offset + at, str(crc_error))
             return header.total_size
-        self.records_checked += 1
-        try:
-            codec.check_record(mm, at, segment.size, check_crc=True)
-        except CorruptMessage as error:
-            self._found(segment.start_offset + at, str(error))
+        if not header.is_blank:
+            self.records_checked += 1
         return header.total_size
 
     def _found(self, physical_offset: int, reason: str) -> None:

@@ -41,7 +41,8 @@ class IntegrityGuard:
         self.store = store
         self.repairer = repairer
         self.scrub = Scrub(store.commit_log, store.integrity,
-                           bytes_per_s=scrub_bytes_per_s or store.config.scrub_bytes_per_s)
+                           bytes_per_s=scrub_bytes_per_s or store.config.scrub_bytes_per_s,
+                           pass_interval_s=store.config.scrub_pass_interval_ms / 1000)
         self.scrub_errors = 0
 
     async def step(self) -> None:

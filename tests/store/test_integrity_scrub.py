@@ -64,3 +64,36 @@ def test_an_intact_copy_written_back_repairs_the_record(tmp_path):
         assert stats.ranges_repaired == 1 and stats.corrupt_records == ()
     finally:
         store.shutdown()
+
+
+def test_after_a_walk_the_scrub_follows_new_bytes_and_goes_around_after_the_interval(tmp_path):
+    store = MessageStore(make_config(tmp_path / "s", flush="sync", commitlog_segment_bytes=8192))
+    store.start()
+    try:
+        store.put_batch([Message(topic="S", body=b"." * 200) for _ in range(20)])
+        scrub = Scrub(store.commit_log, store.integrity, bytes_per_s=1 << 30, pass_interval_s=60.0)
+        scrub.check(1 << 20, now_s=0.0)
+        first_end = store.commit_log.flushed_offset
+        assert scrub.statistics().passes_completed == 1 and scrub.position == first_end
+        assert scrub.check(1 << 20, now_s=30.0) == 0          # nothing new, no walk yet
+        assert scrub.position == first_end
+        store.put_batch([Message(topic="S", body=b"." * 200) for _ in range(5)])
+        checked = scrub.check(1 << 20, now_s=31.0)            # only what was flushed since
+        assert checked == store.commit_log.flushed_offset - first_end
+        assert scrub.statistics().records_checked == 25 and scrub.statistics().passes_completed == 1
+        scrub.check(1 << 20, now_s=60.0)                      # the interval has passed: around again
+        assert scrub.position == store.commit_log.min_offset
+        scrub.check(1 << 20, now_s=60.5)
+        assert scrub.statistics().records_checked == 50 and scrub.statistics().passes_completed == 2
+    finally:
+        store.shutdown()
+
+
+def test_a_pass_interval_must_not_be_negative(tmp_path):
+    store = MessageStore(make_config(tmp_path / "s"))
+    store.start()
+    try:
+        with pytest.raises(ValueError):
+            Scrub(store.commit_log, store.integrity, bytes_per_s=1, pass_interval_s=-1)
+    finally:
+        store.shutdown()
