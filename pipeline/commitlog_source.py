@@ -14,7 +14,11 @@ verifyCrc              true (default) | false: skip CRC checks (``crc_ok`` then 
                        record's lengths hold); faster, for trusted copies
 mode                   PERMISSIVE (default): corrupt records and tails become rows with
                        ``crc_ok = false`` | FAILFAST: the first one fails the job
-maxBytesPerPartition   a segment larger than this is split at record boundaries (128 MiB)
+maxBytesPerPartition   a segment larger than this is cut into slices of this size (128 MiB); each
+                       slice's reader finds its first record itself
+numPartitions          slices are packed, in log order, into this many partitions of about
+                       equal bytes (default: the planning machine's CPU count, the cores
+                       of ``local[*]``); each is a task, a fixed cost
 topics                 comma-separated topics to keep
 startOffset/endOffset  physical offsets, ``[start, end)``
 startTime/endTime      store time, inclusive: epoch milliseconds or ISO-8601 (UTC unless an
@@ -34,6 +38,7 @@ makes the reader build only those columns.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import dataclass, replace
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualTo, GreaterThan, GreaterThanOrEqual, In,
@@ -41,7 +46,8 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualTo, Great
 
 from .arrow_decode import COLUMN_NAMES, spark_ddl
 from .errors import OptionError
-from .segments import MAX_BYTES_PER_PARTITION_DEFAULT, MAX_BYTES_PER_PARTITION_MIN, Bounds, SegmentSlice, plan_slices
+from .segments import (MAX_BYTES_PER_PARTITION_DEFAULT, MAX_BYTES_PER_PARTITION_MIN, Bounds, pack_slices,
+                       plan_slices)
 from .stores import resolve_stores, split_paths
 
 MODES = ("PERMISSIVE", "FAILFAST")
@@ -56,6 +62,7 @@ class ReadSettings:
     verify_crc: bool = True
     mode: str = "PERMISSIVE"
     max_bytes_per_partition: int = MAX_BYTES_PER_PARTITION_DEFAULT
+    partitions: int | None = None
     bounds: Bounds = Bounds()
 
 
@@ -100,6 +107,9 @@ def read_settings(options) -> ReadSettings:
     max_bytes = _integer(options, "maxBytesPerPartition") or MAX_BYTES_PER_PARTITION_DEFAULT
     if max_bytes < MAX_BYTES_PER_PARTITION_MIN:
         raise OptionError(f"option maxBytesPerPartition must be at least {MAX_BYTES_PER_PARTITION_MIN}")
+    partitions = _integer(options, "numPartitions")
+    if partitions is not None and partitions < 1:
+        raise OptionError("option numPartitions must be at least 1")
     topics = options.get("topics")
     bounds = Bounds(
         offset_min=_integer(options, "startOffset"), offset_end=_integer(options, "endOffset"),
@@ -107,7 +117,7 @@ def read_settings(options) -> ReadSettings:
         time_max_ms=parse_time_ms(options["endTime"], "endTime") if options.get("endTime") else None,
         topics=frozenset(split_paths(str(topics))) if topics else None)
     return ReadSettings(tuple(paths), _boolean(options, "includeBody", True), _boolean(options, "verifyCrc", True),
-                        mode, max_bytes, bounds)
+                        mode, max_bytes, partitions=partitions, bounds=bounds)
 
 
 def narrow(bounds: Bounds, filter_) -> Bounds | None:
@@ -196,11 +206,10 @@ class CommitLogReader(DataSourceReader):
     def partitions(self):
         stores = resolve_stores(self.settings.paths)
         slices = plan_slices(stores, self.settings.bounds, self.settings.max_bytes_per_partition)
-        return [InputPartition(item) for item in slices] or [InputPartition(None)]
+        groups = pack_slices(slices, self.settings.partitions or os.cpu_count() or 1)
+        return [InputPartition(group) for group in groups] or [InputPartition(())]
 
     def read(self, partition):
         from .slice_reader import read_slice
-        piece: SegmentSlice | None = partition.value
-        if piece is None:
-            return
-        yield from read_slice(piece, self.settings, self.columns)
+        for piece in partition.value:
+            yield from read_slice(piece, self.settings, self.columns)

@@ -35,26 +35,69 @@ _SEAL_PREFIX = np.frombuffer(codec.SEAL_PREFIX, dtype=np.uint8)
 _DIGIT_WEIGHTS = 10 ** np.arange(10, dtype=np.int64)      # least significant digit first
 
 
+RUN_PROBE_FIRST = 16          # records of one size looked at in numpy at once, doubling up to
+RUN_PROBE_MAX = 65_536        # this while every one matches
+RUN_SHORT = 8                 # a run shorter than this makes the walk wait before probing again
+RUN_PAUSE_MAX = 1024
+
+
 def walk(buffer, begin: int, end: int, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Positions and TOTALSIZEs of the records that plainly start a message, from ``begin``
     while the position is before ``end``; and the position the walk stopped at.
 
-    The loop only follows TOTALSIZE (the least Python per record); the magic of every
+    The loop only follows TOTALSIZE (the least Python per record). When two records in a
+    row have the same size, the walk guesses a run of that size and reads the TOTALSIZE
+    fields of the next records at once in numpy (rows of a sliding window), taking every
+    record up to the first that differs: the same records the loop would take one by one.
+    Runs that stay short make it wait longer before guessing again. The magic of every
     record is checked afterwards in numpy, and the walk is cut back to the first record
     whose magic is wrong."""
-    positions: list[int] = []
-    add_position = positions.append
+    singles: list[int] = []
+    add_position = singles.append
+    pieces: list[np.ndarray] = []
     smallest = codec.FIXED_SIZE
     header_room = limit - 8
     position = begin
     read = _SIZE.unpack_from
+    data = None
+    previous, wait, pause = -1, 0, 4
     while position < end and position <= header_room:
         size = read(buffer, position)[0]
         if size < smallest or position + size > limit:
             break
-        add_position(position)
-        position += size
-    at = np.array(positions, dtype=np.int64)
+        if size != previous or wait > 0:
+            add_position(position)
+            position += size
+            previous = size
+            wait -= 1
+            continue
+        if data is None:
+            data = np.frombuffer(buffer, dtype=np.uint8)
+        expected = np.frombuffer(size.to_bytes(4, "big"), dtype=np.uint8)
+        last_allowed = min(end - 1, header_room, limit - size)
+        first, probe = position, RUN_PROBE_FIRST
+        while position <= last_allowed:
+            count = min(probe, (last_allowed - position) // size + 1)
+            rows = _rows(data, position + size * np.arange(count, dtype=np.int64), 4)
+            matched = (rows == expected).all(axis=1)
+            taken = count if matched.all() else int(np.argmin(matched))
+            position += taken * size
+            if taken < count:
+                break
+            probe = min(probe * 2, RUN_PROBE_MAX)
+        if singles:
+            pieces.append(np.array(singles, dtype=np.int64))
+            singles.clear()
+        pieces.append(np.arange(first, position, size, dtype=np.int64))
+        if (position - first) // size < RUN_SHORT:
+            wait, pause = pause, min(pause * 2, RUN_PAUSE_MAX)
+        else:
+            pause = 4
+        previous = -1       # the record at the new position is read by the loop
+    del data
+    if singles:
+        pieces.append(np.array(singles, dtype=np.int64))
+    at = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
     if not len(at):
         return at, at.copy(), position
     sizes = np.empty(len(at), dtype=np.int64)
@@ -196,6 +239,22 @@ def _ends_data(buffer, position: int, limit: int) -> bool:
     return size == 0 or (magic == codec.BLANK_MAGIC and position + size == limit)
 
 
+ZERO_CHUNK = 1 << 20
+
+
+def _past_zeros(buffer, at: int, limit: int) -> int:
+    """The first position at or after ``at`` whose byte is not zero (``limit`` if none): the
+    unwritten end of a segment is skipped in numpy, ~8x faster than a byte search over it
+    (the magic has no zero byte, so no candidate is passed over)."""
+    data = np.frombuffer(buffer, dtype=np.uint8) if len(buffer) else np.zeros(0, dtype=np.uint8)
+    while at < limit:
+        chunk = data[at:min(limit, at + ZERO_CHUNK)]
+        if chunk.any():
+            return at + int(np.argmax(chunk != 0))
+        at += len(chunk)
+    return limit
+
+
 def find_record_start(buffer, at: int, limit: int, segment_start: int) -> int:
     """The first position at or after ``at`` where a record verifiably starts, or ``limit``.
 
@@ -207,7 +266,7 @@ def find_record_start(buffer, at: int, limit: int, segment_start: int) -> int:
     into the end of data. Deterministic: the reader before it asks the same question about
     its own end, so two neighbours agree on the cut; ``scan_records_fast``'s caller checks
     that the walk from the start really lands there."""
-    found = buffer.find(_MAGIC_BYTES, at + 4)
+    found = buffer.find(_MAGIC_BYTES, max(at, _past_zeros(buffer, at, limit) - 4) + 4)
     while 0 <= found < limit:
         candidate = found - 4
         position, chained = candidate, 0

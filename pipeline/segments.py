@@ -115,3 +115,19 @@ def plan_slices(stores: list[StoreDir], bounds: Bounds,
         for segment in wanted_segments(list_segments(store), bounds):
             slices.extend(segment_slices(store, segment, max_bytes))
     return slices
+
+
+def pack_slices(slices: list[SegmentSlice], count: int) -> list[tuple[SegmentSlice, ...]]:
+    """``slices`` in log order as at most ``count`` runs of about equal bytes: one task each.
+    On 2 cores, 10 tasks of 128 MiB over 1.15 GB took 0.93-1.2 s where 5 of 256 MiB took
+    0.72-0.78 s (same session): every task is a fixed cost, so no more tasks than cores."""
+    if not slices:
+        return []
+    total = sum(max(1, piece.end - piece.begin) for piece in slices)
+    groups: list[list[SegmentSlice]] = [[] for _ in range(min(count, len(slices)))]
+    done = 0
+    for piece in slices:
+        index = min(len(groups) - 1, done * len(groups) // total)
+        groups[index].append(piece)
+        done += max(1, piece.end - piece.begin)
+    return [tuple(group) for group in groups if group]

@@ -25,8 +25,12 @@ def two_nodes(tmp_path_factory):
 
 
 def test_rows_columns_and_counts_per_topic(spark, two_nodes):
-    df = spark.read.format("commitlog").option("maxBytesPerPartition", 65536).load(",".join(two_nodes))
+    packed = spark.read.format("commitlog").option("maxBytesPerPartition", 65536).load(",".join(two_nodes))
+    assert packed.rdd.getNumPartitions() <= (os.cpu_count() or 1)      # slices packed: a task per core
+    df = spark.read.format("commitlog").option("maxBytesPerPartition", 65536).option("numPartitions", 64) \
+        .load(",".join(two_nodes))
     assert df.rdd.getNumPartitions() > 4
+    assert df.count() == packed.count()
     counts = {(r["node"], r["topic"]): r["count"] for r in df.groupBy("node", "topic").count().collect()}
     assert counts == {(node, topic): 500 for node in ("g1-n1", "g1-n2") for topic in ("orders", "payments", "audit")}
     row = df.filter("node = 'g1-n1' and queue_offset = 3 and topic = 'orders' and queue_id = 0").collect()[0]

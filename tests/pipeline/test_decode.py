@@ -212,3 +212,16 @@ def test_batches_are_bounded_by_rows_and_bytes():
 def test_spark_ddl_and_arrow_schema_agree():
     assert ad.arrow_schema().names == list(ad.COLUMN_NAMES)
     assert "`body` BINARY" in ad.spark_ddl() and pa.types.is_map(ad.arrow_schema().field("properties").type)
+
+
+def test_slices_are_packed_in_log_order_into_runs_of_about_equal_bytes(tmp_path):
+    from pipeline.segments import pack_slices
+    write_store(str(tmp_path), sample_messages(2000), segment_bytes=1 << 20)
+    slices = plan_slices([resolve_store(str(tmp_path / "store"))], Bounds(), max_bytes=64 * 1024)
+    assert pack_slices([], 4) == []
+    for count in (1, 2, 3, len(slices), len(slices) + 5):
+        packed = pack_slices(slices, count)
+        assert [piece for group in packed for piece in group] == slices
+        assert len(packed) == min(count, len(slices))
+        sizes = [sum(p.end - p.begin for p in group) for group in packed]
+        assert max(sizes) - min(sizes) <= max(p.end - p.begin for p in slices)

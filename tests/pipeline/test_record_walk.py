@@ -94,3 +94,30 @@ def test_the_reader_uses_the_fast_walk_on_a_mapped_segment(tmp_path):
         del result
     finally:
         buffer.close()
+
+
+def _equal_records(count: int, body: bytes) -> bytearray:
+    from store import codec
+    out = bytearray()
+    for index in range(count):
+        out += b"".join(codec.encode_message(
+            topic_bytes=b"t", queue_id=0, body=body, body_crc=codec.crc32_body(body), properties_bytes=b"",
+            flag=0, queue_offset=index, physical_offset=len(out), sys_flag=0, born_timestamp=1,
+            born_host=bytes(8), store_timestamp=1, store_host=bytes(8)))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_runs_of_equal_sizes_walk_the_same_as_the_codec_says(data):
+    # long runs (read in numpy), broken by other sizes and by damage anywhere
+    buffer = bytearray()
+    for count, length in data.draw(st.lists(st.tuples(st.integers(1, 400), st.sampled_from([10, 11, 200])),
+                                            min_size=1, max_size=5)):
+        buffer += _equal_records(count, b"b" * length)
+    buffer += bytes(data.draw(st.integers(0, 500)))
+    for at in data.draw(st.lists(st.integers(0, len(buffer) - 1), max_size=3)):
+        buffer[at] ^= 0x40
+    end = data.draw(st.integers(0, len(buffer)))
+    _same(buffer, 0, end, data.draw(st.booleans()))
+    _same(buffer, 0, len(buffer), False)
