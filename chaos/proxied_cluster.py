@@ -14,7 +14,9 @@ proxies it has for good: a client of its proxy server, and each node's client pr
 is restarted or undone. On any other cluster it keeps the proxies for the block only: it
 creates them (on a Toxiproxy started for the block, or ``TOXIPROXY_URL``), rewrites each
 node's node.yaml (``zk_hosts``: its ZooKeeper proxy; ``peer_ha_addresses``: each peer's HA
-address -> its pair proxy), restarts the nodes one at a time through LocalCluster, and writes
+address -> its pair proxy; ``advertised_client_address``: its client proxy, so that NOT_MASTER
+replies and ZooKeeper's master records send clients through the proxies; a static slave's
+``master_client_address``: its master's client proxy), restarts the nodes one at a time through LocalCluster, and writes
 DIR/chaos/proxies.json. On exit it puts the original node.yaml back and restarts the nodes
 again, so the cluster no longer depends on proxies that are gone. There the controllers keep
 the ZooKeeper address they were started with, so their proxies carry no traffic: start the
@@ -31,7 +33,7 @@ from typing import Callable, Iterator
 import yaml
 
 from node.cluster import LocalCluster
-from node.cluster.proxies import ProxyLink, node_routes, plan_links
+from node.cluster.proxies import ProxyLink, client_proxies, node_routes, plan_links
 
 from .errors import RunError
 from .nemesis import client_proxy
@@ -50,11 +52,22 @@ def plan_proxies(nodes: list[tuple[str, str, str, str]], zookeeper: str | None, 
     return plan_links(nodes, zookeeper, controllers)
 
 
-def node_overrides(node: str, links: tuple[ProxyLink, ...], ha_of: dict[str, str]) -> dict:
+def node_overrides(node: str, links: tuple[ProxyLink, ...], ha_of: dict[str, str],
+                   master_client_address: str | None = None) -> dict:
     """The node.yaml keys that route ``node``'s own links through its proxies (``links`` with
-    their listen addresses)."""
+    their listen addresses), and that make it advertise its client proxy
+    (``advertised_client_address``, named in its NOT_MASTER replies and ZooKeeper records), so
+    that a client following a redirect goes through the proxy there too. A static slave's
+    ``master_client_address`` (given when it has one) becomes its master's client proxy."""
     zk, peers = node_routes(node, links, ha_of)
-    return {"peer_ha_addresses": peers, **({"zk_hosts": zk} if zk else {})}
+    overrides = {"peer_ha_addresses": peers, **({"zk_hosts": zk} if zk else {})}
+    advertised = client_proxies(links).get(node)
+    if advertised:
+        overrides["advertised_client_address"] = advertised
+    proxy_of_client = {link.upstream: link.listen for link in links if link.kind == "client" and link.listen}
+    if master_client_address in proxy_of_client:
+        overrides["master_client_address"] = proxy_of_client[master_client_address]
+    return overrides
 
 
 @contextmanager
@@ -87,7 +100,8 @@ def open_proxies(cluster: LocalCluster) -> Iterator[tuple[ToxiproxyClient, Calla
         try:
             ha_of = {node: ha for node, _, _, ha in nodes}
             for node, *_ in nodes:
-                originals[node] = _rewrite(cluster, node, node_overrides(node, links, ha_of))
+                originals[node] = _rewrite(cluster, node, lambda name, mapping: node_overrides(
+                    name, links, ha_of, mapping.get("master_client_address")))
             _restart_nodes(cluster, [node for node, *_ in nodes])
             os.makedirs(os.path.dirname(listing_path), exist_ok=True)
             with open(listing_path, "w", encoding="utf-8") as handle:
@@ -106,12 +120,13 @@ def open_proxies(cluster: LocalCluster) -> Iterator[tuple[ToxiproxyClient, Calla
                 os.remove(listing_path)
 
 
-def _rewrite(cluster: LocalCluster, node: str, overrides: dict) -> str:
-    """Apply ``overrides`` to ``node``'s node.yaml; its original text."""
+def _rewrite(cluster: LocalCluster, node: str, overrides: Callable[[str, dict], dict]) -> str:
+    """Apply ``overrides(node, its mapping)`` to ``node``'s node.yaml; its original text."""
     path = cluster.node(node).config_path
     with open(path, encoding="utf-8") as handle:
         original = handle.read()
-    mapping = {**yaml.safe_load(original), **overrides}
+    mapping = yaml.safe_load(original)
+    mapping = {**mapping, **overrides(node, mapping)}
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("# routed through proxies by `hastore chaos run --proxied`; restored after it\n"
                      + yaml.safe_dump(mapping, sort_keys=False))

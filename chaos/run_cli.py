@@ -8,6 +8,11 @@ lost, unavailable ms), a summary with the safety violations and a table of the u
 per fault kind (median, p99, max), and the history file's path. Exit status 1 on any safety violation (lost, duplicated, failed-but-present, order,
 dirty read, committed offset going back, replica divergence), and when a cycle did not
 recover or the group did not catch up at the end.
+
+Proxies: ``--up --proxied`` starts a lasting proxied cluster (as ``hastore cluster up
+--proxied``); a cluster started proxied is run through its proxies with or without
+``--proxied``; ``--proxied`` on a running unproxied cluster routes it through temporary
+proxies for the run (chaos/proxied_cluster.py).
 """
 
 from __future__ import annotations
@@ -36,8 +41,11 @@ KIND_WIDTHS = (24, 6, 8, 8, 8, 6)
               help="The cluster's directory (env HASTORE_CLUSTER_DIR); the history goes to DIR/chaos/.")
 @click.option("--up", "start_cluster", is_flag=True,
               help="Start a cluster in DIR if none runs, and stop it after the run.")
-@click.option("--proxied", is_flag=True, help="Route links through Toxiproxy proxies (needed by partition and "
-                                              "toxic faults).")
+@click.option("--proxied", is_flag=True,
+              help="Route links through Toxiproxy proxies (needed by partition and toxic faults). With --up: "
+                   "start the cluster proxied, as `hastore cluster up --proxied`. On a running unproxied "
+                   "cluster: temporary proxies for the run (nodes restarted onto them, and back after). A "
+                   "cluster started proxied is always run through its proxies, with or without this flag.")
 @click.option("--nemesis", default="kill,pause", show_default=True,
               help="Fault families (kill, controller, zookeeper, pause, partition, toxic, all) or kinds, "
                    "comma separated.")
@@ -56,8 +64,8 @@ def run_command(directory, start_cluster, proxied, nemesis, cycles, time_limit_s
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     settings = RunSettings(nemesis=nemesis, cycles=cycles, seed=seed, time_limit_s=time_limit_s, group=group,
                            load=LoadSettings(producers=producers, slave_readers=0 if no_slave_reads else 1))
-    with command_cluster(directory, start_cluster) as cluster, contextlib.ExitStack() as stack:
-        proxies, address_of = _proxies(stack, cluster, proxied)
+    with command_cluster(directory, start_cluster, proxied) as cluster, contextlib.ExitStack() as stack:
+        proxies, address_of = _proxies(stack, cluster, proxied or cluster.proxied)
         if not as_json:
             click.echo(f"chaos run on group {group} in {cluster.directory}: {cycles} cycle(s) of {nemesis}, "
                        f"seed {seed}")
@@ -81,7 +89,9 @@ def run_command(directory, start_cluster, proxied, nemesis, cycles, time_limit_s
 
 
 def _proxies(stack: contextlib.ExitStack, cluster: LocalCluster, proxied: bool):
-    """(ToxiproxyClient, node id -> client address) of a proxied cluster, or (None, None)."""
+    """(ToxiproxyClient, node id -> client address) of a proxied cluster, or (None, None).
+    ``proxied`` is true for a cluster started proxied even without --proxied: every client link
+    of it goes through a proxy, so the run uses them (and its partition faults are allowed)."""
     if not proxied:
         return None, None
     from .proxied_cluster import open_proxies
