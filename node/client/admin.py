@@ -4,7 +4,9 @@ Reads (pull, queries, topic list, status) go to the node the Admin was opened on
 master. Writes (topic create, offset commits) that reach a slave come back NOT_MASTER,
 refused before anything was logged; with a nursery to connect in, the Admin follows the
 reply to the master it names (at most ``REDIRECTS_MAX`` hops) over a second connection it
-keeps for writes, so its reads stay where they were.
+keeps for writes, so its reads stay where they were. ``committed_offsets`` goes the writes'
+way: only the master's view of a group's offsets is authoritative (``query_offsets`` is the
+node's own, which on a slave may lag).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Admin:
         self._master: Connection | None = None   # writes go here once a NOT_MASTER named it
 
     async def _write(self, code: RequestCode, **fields) -> dict:
-        """A write request, sent to the master (following NOT_MASTER replies)."""
+        """A write, or a read only the master answers, sent to the master (following NOT_MASTER replies)."""
         for hop in range(REDIRECTS_MAX + 1):
             master = self._master
             connection = master if master is not None and not master.closed else self.connection
@@ -103,7 +105,14 @@ class Admin:
     async def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
         await self._write(RequestCode.COMMIT_OFFSETS, group=group, topic=topic, offsets=offsets)
 
+    async def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """The group's committed offsets as the active master holds them (NotMasterError when
+        no master answers: a failover under way, or no nursery to follow the reply in)."""
+        reply = await self._write(RequestCode.QUERY_OFFSETS, group=group, topic=topic, master_only=True)
+        return reply["offsets"]
+
     async def query_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """This node's view of the group's committed offsets (a slave's may lag the master's)."""
         reply = await self.connection.request(RequestCode.QUERY_OFFSETS, group=group, topic=topic)
         return reply["offsets"]
 

@@ -5,6 +5,13 @@ gave an intact copy in time) comes back in the pull reply's ``corrupt`` list, by
 offset. The consumer never skips it silently: ``receive`` raises CorruptRecordError for it,
 in its place in the queue's order, and the consumer's position moves past it (so the next
 ``receive`` goes on with the queue). Every such error is also kept in ``corrupt``.
+
+Messages may come from any node, slave or master; the group's committed offsets come from
+the master only (``Admin.committed_offsets``): a slave's view, or that of a node ZooKeeper
+already names master but that has not taken the role yet (30 to 180 ms in the chaos soak),
+covers only its last known confirm offset and may lag commits the old master acked, and
+starting there would hand out again what the group had consumed. While a failover leaves no
+master to answer, the start waits up to ``master_wait_s``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,11 @@ from .admin import Admin, open_admin
 from .connection import sole_error
 from .values import ReceivedMessage
 
+MASTER_WAIT_S = 10.0
+RETRY_PAUSE_S_MIN = 0.05
+RETRY_PAUSE_S_MAX = 1.0
+FAILOVER_CODES = ("NOT_MASTER", "SERVICE_NOT_AVAILABLE")   # no active master answers yet
+
 
 class Consumer:
     """Pulls every queue of a topic (one long-polling loop per queue, all on one connection)
@@ -26,12 +38,14 @@ class Consumer:
     messages handed out so far as the group's consumer offsets."""
 
     def __init__(self, admin: Admin, topic: str, group: str, *, max_count: int = 32,
-                 long_poll_ms: int = 5_000, buffer_messages_max: int = 4096) -> None:
+                 long_poll_ms: int = 5_000, buffer_messages_max: int = 4096,
+                 master_wait_s: float = MASTER_WAIT_S) -> None:
         self.admin = admin
         self.topic = topic
         self.group = group
         self.max_count = max_count
         self.long_poll_ms = long_poll_ms
+        self.master_wait_s = master_wait_s
         self.positions: dict[int, int] = {}
         self._committed: dict[int, int] = {}
         self.corrupt: list[CorruptRecordError] = []     # every corrupt message handed out, oldest first
@@ -42,7 +56,7 @@ class Consumer:
         topics = await self.admin.list_topics()
         if self.topic not in topics:
             raise RequestError("TOPIC_NOT_EXIST", f"topic {self.topic!r} does not exist")
-        committed = await self.admin.query_offsets(self.group, self.topic)
+        committed = await self.committed_offsets()
         for queue_id in range(topics[self.topic]["queue_count"]):
             if start_offsets and queue_id in start_offsets:
                 self.positions[queue_id] = start_offsets[queue_id]
@@ -54,6 +68,20 @@ class Consumer:
         # only what the node holds counts as committed: the first commit stores every
         # queue's start, so a restart never skips a queue's unread messages
         self._committed = {q: o for q, o in committed.items() if self.positions.get(q) == o}
+
+    async def committed_offsets(self) -> dict[int, int]:
+        """The group's committed offsets as the master holds them; while no master answers (a
+        failover), asked again with a doubling pause for up to ``master_wait_s``."""
+        deadline = trio.current_time() + self.master_wait_s
+        pause_s = RETRY_PAUSE_S_MIN
+        while True:
+            try:
+                return await self.admin.committed_offsets(self.group, self.topic)
+            except RequestError as error:
+                if error.code not in FAILOVER_CODES or trio.current_time() + pause_s > deadline:
+                    raise
+            await trio.sleep(pause_s)
+            pause_s = min(RETRY_PAUSE_S_MAX, pause_s * 2)
 
     async def pull_queue(self, queue_id: int, offset: int) -> None:
         """Pull one queue forever from ``offset`` into the consumer's buffer."""
@@ -110,8 +138,8 @@ async def open_consumer(bootstrap: str, topic: str, group: str, *, secret: str |
                         from_beginning: bool = False, start_offsets: dict[int, int] | None = None, **options):
     """``async with open_consumer(addr, topic, group) as consumer: async for m in consumer: ...``
 
-    Starts from ``start_offsets``, else the group's committed offsets, else the queue's
-    first (``from_beginning``) or next message.
+    Starts from ``start_offsets``, else the group's committed offsets (asked of the master,
+    whatever node ``bootstrap`` is), else the queue's first (``from_beginning``) or next message.
     """
     async with open_admin(bootstrap, secret=secret) as admin:
         consumer = Consumer(admin, topic, group, **options)

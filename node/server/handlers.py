@@ -478,9 +478,17 @@ class RequestHandlers:
                                        {"committed": len(offsets)})
 
     def query_offsets(self, f: Fields) -> dict:
+        """The node's view of a group's committed offsets. ``master_only``: only an active master
+        answers (NOT_MASTER elsewhere): a slave's view, or that of a node elected but not yet in
+        the role, covers only its last known confirm offset and may lag commits already acked."""
         self._check_readable()
         group = f.str("group", GROUP_BYTES_MAX)
         topic = f.topic()
+        state = self.role.state
+        if f.bool("master_only", False) and not self.role.is_master:
+            at = f" at {state.master_client_address}" if state.master_client_address else ""
+            raise NotMasterError(f"this node is a {state.role.value} in epoch {state.epoch}; the group's committed "
+                                 f"offsets are answered by the master{at}", state.master_client_address)
         return {"offsets": self.sys_config.offsets(group, topic)}
 
     # --- topics --------------------------------------------------------------------------
