@@ -36,7 +36,7 @@ from .control import ClusterLocator, LocalControl, commitlog_bytes, read_final, 
 from .errors import NemesisError, RunError
 from .history import History, Op
 from .nemesis import PlannedFault, expand_kinds, heal, needs_proxies, plan_schedule, start_fault
-from .workload import LoadSettings, run_load
+from .workload import Budget, LoadSettings, run_load
 
 POLL_INTERVAL_S = 0.1
 
@@ -162,6 +162,7 @@ class _Runner:
         self.topic = f"{settings.topic}-{run_id}"
         self.secret = cluster.topology.secret
         self.locator = ClusterLocator(cluster, settings.group, address_of)
+        self.budget = Budget(settings.load.messages_max)
 
     async def run(self, schedule: tuple[PlannedFault, ...], history_path: str, on_cycle) -> RunReport:
         await self.locator.open()
@@ -172,7 +173,7 @@ class _Runner:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(functools.partial(run_load, self.topic, self.settings.queue_count, self.run_id,
                                                      self.history, stop, self.locator, self.settings.load,
-                                                     secret=self.secret))
+                                                     secret=self.secret, budget=self.budget))
                 try:
                     await self._cycles(schedule, cycles, on_cycle)
                 finally:
@@ -206,8 +207,8 @@ class _Runner:
                            f"before any fault")
         deadline = trio.current_time() + settings.time_limit_s
         for planned in schedule:
-            if trio.current_time() >= deadline:
-                break
+            if trio.current_time() >= deadline or self.budget.left <= 0:
+                break   # out of time, or the workload has sent all it may: no write left to judge a fault by
             await trio.sleep(planned.rest_s)
             record = await self._cycle(planned)
             cycles.append(record)
@@ -239,6 +240,9 @@ class _Runner:
         unavailable_ms = round((first - start_s) * 1000, 1) if first is not None else None
         error = "; ".join(errors) if errors else ("" if first is not None else
                                                   f"no acked write within {self.settings.recovery_timeout_s:g} s")
+        if first is None and self.budget.left <= 0:
+            error += (f" (the workload had sent its {self.settings.load.messages_max} messages: nothing was "
+                      f"left to ack; raise --messages-max)")
         return CycleRecord(**base, target=fault.target, start_s=start_s, duration_s=round(healed.time_s - start_s, 3),
                            unavailable_ms=unavailable_ms, recovered=first is not None and not errors, error=error)
 

@@ -30,6 +30,11 @@ from .command_cluster import command_cluster
 from .run import CycleRecord, RunReport, RunSettings, run_chaos
 from .workload import LoadSettings
 
+# The producers send about 1,000 to 2,500 messages a cycle on a local cluster: the default
+# bound leaves room for twice that, so a long run is not cut short by its own workload.
+MESSAGES_PER_CYCLE = 5_000
+MESSAGES_MIN = 200_000
+
 CYCLE_HEADER = ("cycle", "fault", "target", "duration s", "acked", "info", "lost", "unavail ms", "ok")
 WIDTHS = (5, 24, 12, 10, 6, 5, 5, 10, 3)
 KIND_HEADER = ("fault kind", "faults", "p50 ms", "p99 ms", "max ms", "no ack")
@@ -56,14 +61,19 @@ KIND_WIDTHS = (24, 6, 8, 8, 8, 6)
 @click.option("--group", default="g1", show_default=True)
 @click.option("--producers", default=3, show_default=True, type=click.IntRange(1, 64))
 @click.option("--no-slave-reads", is_flag=True, help="Leave out the readers that pull through slaves.")
+@click.option("--messages-max", type=click.IntRange(1000, 100_000_000), default=None,
+              help=f"Messages the producers may send over the run, a bound on its history [default: "
+                   f"{MESSAGES_PER_CYCLE} per cycle, at least {MESSAGES_MIN}]. A run whose producers have sent "
+                   f"them all stops before its next fault.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (summary, cycles, schedule, verdict).")
 def run_command(directory, start_cluster, proxied, nemesis, cycles, time_limit_s, seed, group, producers,
-                no_slave_reads, as_json) -> None:
+                no_slave_reads, messages_max, as_json) -> None:
     """Run the workload with a seeded schedule of faults and check the history."""
     # kazoo logs every dropped connection while ZooKeeper is faulted: the cycle lines say enough
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     settings = RunSettings(nemesis=nemesis, cycles=cycles, seed=seed, time_limit_s=time_limit_s, group=group,
-                           load=LoadSettings(producers=producers, slave_readers=0 if no_slave_reads else 1))
+                           load=LoadSettings(producers=producers, slave_readers=0 if no_slave_reads else 1,
+                                             messages_max=messages_max or max(MESSAGES_MIN, MESSAGES_PER_CYCLE * cycles)))
     with command_cluster(directory, start_cluster, proxied) as cluster, contextlib.ExitStack() as stack:
         proxies, address_of = _proxies(stack, cluster, proxied or cluster.proxied)
         if not as_json:

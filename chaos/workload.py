@@ -133,8 +133,8 @@ class LoadSettings:
     body_padding_bytes: int = 48
 
 
-class _Budget:
-    """The shared bound on invocations."""
+class Budget:
+    """The shared bound on invocations (``left``: how many may still be invoked)."""
 
     def __init__(self, limit: int) -> None:
         self.left = limit
@@ -146,10 +146,12 @@ class _Budget:
 
 
 async def run_load(topic: str, queue_count: int, run_id: str, history: History, stop: trio.Event,
-                   locator: Locator, settings: LoadSettings = LoadSettings(), *, secret: str | None = None) -> None:
+                   locator: Locator, settings: LoadSettings = LoadSettings(), *, secret: str | None = None,
+                   budget: Budget | None = None) -> None:
     """Producers, consumers and slave readers until ``stop`` is set (or a bound is hit); every
-    operation recorded in ``history``."""
-    budget = _Budget(settings.messages_max)
+    operation recorded in ``history``. ``budget``: the caller's view of the invocations left
+    (default: a new one of ``settings.messages_max``)."""
+    budget = budget if budget is not None else Budget(settings.messages_max)
     with trio.move_on_after(settings.duration_max_s):
         async with trio.open_nursery() as nursery:
             for index in range(settings.producers):
@@ -173,7 +175,7 @@ _CLIENT_ERRORS = (NodeError, OSError, trio.TooSlowError, _NotMasterYet)
 
 
 async def _producer(topic: str, key_prefix: str, process: str, history: History, stop: trio.Event,
-                    locator: Locator, settings: LoadSettings, budget: _Budget, secret: str | None) -> None:
+                    locator: Locator, settings: LoadSettings, budget: Budget, secret: str | None) -> None:
     counter = iter(range(10**12))
     while not stop.is_set() and budget.left > 0:
         address = await _locate(locator)
@@ -195,7 +197,7 @@ async def _producer(topic: str, key_prefix: str, process: str, history: History,
 
 
 async def _lane(producer, topic: str, key_prefix: str, counter, process: str, address: str, history: History,
-                stop: trio.Event, moved: trio.Event, settings: LoadSettings, budget: _Budget) -> None:
+                stop: trio.Event, moved: trio.Event, settings: LoadSettings, budget: Budget) -> None:
     """One pipeline lane: a batch at a time until stop, a move or the budget."""
     while not stop.is_set() and not moved.is_set():
         count = budget.take(settings.batch_count)
