@@ -168,3 +168,32 @@ def test_a_consume_queue_entry_damaged_while_running_does_not_stall_its_queue(tm
         assert any("rebuilding it from the log" in r.message for r in caplog.records)
     finally:
         store.shutdown()
+
+
+def test_a_flipped_key_in_another_record_of_the_chain_is_not_taken_for_a_damaged_index(tmp_path):
+    """With one hash slot every key shares a chain: a query for key-a walks past key-b's
+    record, read without its CRCs since it is not wanted. A flipped byte in key-b's KEYS makes
+    the record's hashes miss the entry's: that is the record's damage (its CRCs fail), not
+    the index's, and the index is not rebuilt for it."""
+    settings = dict(SETTINGS, index_hash_slots=1)
+    store = MessageStore(make_config(tmp_path / "s", **settings))
+    store.start()
+    results = store.put_batch([Message(topic="R", body=b"body-%d" % i, keys=[f"key-{name}"])
+                               for i, name in enumerate("abc")])
+    store.shutdown()
+    victim = results[1]
+    segment = os.path.join(tmp_path / "s", "commitlog", "%020d" % 0)
+    with open(segment, "r+b") as handle:
+        handle.seek(victim.physical_offset)
+        record = handle.read(victim.wrote_bytes)
+        at = victim.physical_offset + record.index(b"key-b") + 4
+        handle.seek(at)
+        handle.write(b"x")                                   # key-b -> key-x in the record only
+    store = MessageStore(make_config(tmp_path / "s", **settings))
+    store.start()
+    try:
+        assert [m.body for m in store.query_by_key("R", "key-a")] == [b"body-0"]
+        assert [m.body for m in store.query_by_key("R", "key-c")] == [b"body-2"]
+        assert store.integrity.statistics().index_rebuilds == 0
+    finally:
+        store.shutdown()
