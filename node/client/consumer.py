@@ -16,15 +16,17 @@ master to answer, the start waits up to ``master_wait_s``.
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 
 import trio
-
 
 from ..errors import CorruptRecordError, RequestError
 from .admin import Admin, open_admin
 from .connection import sole_error
 from .values import ReceivedMessage
+
+log = logging.getLogger(__name__)
 
 MASTER_WAIT_S = 10.0
 RETRY_PAUSE_S_MIN = 0.05
@@ -56,8 +58,11 @@ class Consumer:
         topics = await self.admin.list_topics()
         if self.topic not in topics:
             raise RequestError("TOPIC_NOT_EXIST", f"topic {self.topic!r} does not exist")
-        committed = await self.committed_offsets()
-        for queue_id in range(topics[self.topic]["queue_count"]):
+        queue_count = topics[self.topic]["queue_count"]
+        given = start_offsets or {}
+        # offsets given for every queue need nothing from the master (which may be away)
+        committed = {} if all(q in given for q in range(queue_count)) else await self.committed_offsets()
+        for queue_id in range(queue_count):
             if start_offsets and queue_id in start_offsets:
                 self.positions[queue_id] = start_offsets[queue_id]
             elif queue_id in committed:
@@ -71,15 +76,23 @@ class Consumer:
 
     async def committed_offsets(self) -> dict[int, int]:
         """The group's committed offsets as the master holds them; while no master answers (a
-        failover), asked again with a doubling pause for up to ``master_wait_s``."""
+        failover), asked again with a doubling pause for up to ``master_wait_s``. After that,
+        the connected node's own view, with a warning: a slave's may lag the master's, so
+        messages may be delivered again, never skipped (a consumer still starts with its
+        group's master away)."""
         deadline = trio.current_time() + self.master_wait_s
         pause_s = RETRY_PAUSE_S_MIN
         while True:
             try:
                 return await self.admin.committed_offsets(self.group, self.topic)
             except RequestError as error:
-                if error.code not in FAILOVER_CODES or trio.current_time() + pause_s > deadline:
+                if error.code not in FAILOVER_CODES:
                     raise
+                if trio.current_time() + pause_s > deadline:
+                    log.warning("no master answered for group %s within %g s (%s): starting from the "
+                                "connected node's committed offsets, which may lag (messages may come again)",
+                                self.group, self.master_wait_s, error.code)
+                    return await self.admin.query_offsets(self.group, self.topic)
             await trio.sleep(pause_s)
             pause_s = min(RETRY_PAUSE_S_MAX, pause_s * 2)
 
