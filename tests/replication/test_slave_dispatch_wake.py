@@ -11,6 +11,8 @@ from replication_helpers import begin_term, epoch_file, put, start_master, start
 
 pytestmark = pytest.mark.trio
 
+DELAY_S = 1.0
+
 
 class CountedWakes:
     """The slave's real replica log, counting the dispatch wakes its HA client asks for."""
@@ -51,18 +53,22 @@ async def test_frames_of_the_delay_share_one_dispatch_wake(open_store):
         slave = await slave_with_loop_dispatch(open_store, nursery)
         counted = CountedWakes(slave.replica_log)
         service, address = await start_master(nursery, master, master_epochs)
-        running = await start_slave(nursery, slave, address, replica_store=counted, dispatch_delay_ms=200)
+        running = await start_slave(nursery, slave, address, replica_store=counted,
+                                    dispatch_delay_ms=DELAY_S * 1000)
         await wait_until(lambda: running.client.statistics().connected, what="session")
-        for batch in range(10):  # ten frames well within one delay
+        started = trio.current_time()
+        for batch in range(10):  # ten frames, normally well within one delay
             put(master, 5, prefix=f"b{batch}")
             service.notify_appended()
             await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset, what="frame")
-        assert counted.appends >= 10
+        # a wake per delay the frames took (one, unless the machine is very slow), not per frame
+        allowed = 1 + int((trio.current_time() - started) / DELAY_S)
+        assert counted.appends >= 10 and allowed < counted.appends
         if counted.wakes == 0:  # within the delay: nothing indexed yet
             assert queue_count(slave) == 0
-        assert counted.wakes <= 1  # once for all of them
+        assert counted.wakes <= allowed
         await wait_until(lambda: queue_count(slave) == 50, what="the slave's queues")
-        assert counted.wakes == 1
+        assert 1 <= counted.wakes <= allowed
         await running.stop()
         nursery.cancel_scope.cancel()
 
