@@ -272,12 +272,12 @@ async def _committed_positions(admin, topic: str, queues: list[int], group: str,
     old master acked (a slave read, stale by design): a consumer starting there would go back."""
     if (await admin.status()).get("role") != "master":
         raise _NotMasterYet(address)
-    sent_s = history.now_s()
-    committed = await admin.query_offsets(group, topic)
+    committed = await admin.committed_offsets(group, topic)   # master_only: NOT_MASTER if it lost the role
+    answered_s = history.now_s()   # the history stays in time order (unavailability bisects it)
     positions = {}
     for queue_id in queues:
         if queue_id in committed:
-            history.append(Op("ok", "offsets", group, sent_s, address, process=process, queue_id=queue_id,
+            history.append(Op("ok", "offsets", group, answered_s, address, process=process, queue_id=queue_id,
                               offset=committed[queue_id]))
             positions[queue_id] = committed[queue_id]
         else:
