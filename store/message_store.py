@@ -246,11 +246,11 @@ class MessageStore:
         encoded column-wise (``put_batch``); any other is prepared and placed one message at a
         time (``Preparer.prepare``, ``CommitLog.append``). Both write the same bytes."""
         self._check_running()
-        refusal = self.room.refusal()
+        count = len(batch.bodies) if type(batch) is PlainBatch else len(batch)
+        refusal = self.room.refusal(count)
         if refusal is not None:
             self._wake_dispatcher()   # a dispatch waiting for room tries again: writes resume once it has room
-            refused = PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=refusal)
-            return [refused] * (len(batch.bodies) if type(batch) is PlainBatch else len(batch))
+            return [PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=refusal)] * count
         if self.replica_log.writes_need_catch_up:
             self.replica_log.catch_up_for_writes()
         columns = self.preparer.regular_columns(batch)

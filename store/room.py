@@ -1,9 +1,10 @@
 """DiskRoom: whether the store may acknowledge a put, given the room left on its disk.
 
-An ack promises that the message can be read by its queue and found by its keys, not only
-that its bytes are in the CommitLog. The dispatcher writes the ConsumeQueue and IndexFile
-entries after the ack, and a new ConsumeQueue or index file needs room on disk that the
-CommitLog segment's reservation does not cover. So a put is acknowledged only when
+An ack promises that the message's bytes are in the CommitLog, and should also mean that
+it can be read by its queue and found by its keys without waiting for room. The dispatcher
+writes the ConsumeQueue and IndexFile entries after the ack, and a new ConsumeQueue or index
+file needs room on disk that the CommitLog segment's reservation does not cover. So a put
+is acknowledged only when
 
 1. its bytes fit a reserved CommitLog segment: a roll that cannot reserve the next segment
    refuses the put (``CommitLog.append``, before this module's checks matter);
@@ -14,6 +15,10 @@ CommitLog segment's reservation does not cover. So a put is acknowledged only wh
 3. the file system has room for what the next dispatch may have to create: one
    ConsumeQueue file, plus one index file when the newest index file has fewer than
    ``index_free_entries_min`` entries left (min(65,536, half a file)) or there is none.
+
+Rule 3 reserves ahead, not exactly: it keeps room for one new ConsumeQueue file, so a
+batch that opens more new queues than the disk has files for is still acked. Its messages
+are in the log and are served once dispatch finds room; rule 2 refuses puts meanwhile.
 
 Refusals are SERVICE_NOT_AVAILABLE with a reason starting "no room on disk". The free
 space is read with statvfs (~17 µs here) at most every ``recheck_s`` while it exceeds the
