@@ -29,20 +29,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from node.cluster.proxies import client_proxy, ha_proxy, zk_proxy  # noqa: F401  (the names a proxied cluster gives)
+
 from .errors import NemesisError
-
-
-# --- proxy names -------------------------------------------------------------------------------
-def client_proxy(node: str) -> str:
-    return f"client_to_{node}"
-
-
-def ha_proxy(slave: str, master: str) -> str:
-    return f"{slave}_to_{master}_ha"
-
-
-def zk_proxy(process: str) -> str:
-    return f"{process}_to_zk"
 
 
 class ClusterControl(Protocol):
