@@ -18,6 +18,8 @@ import trio
 import trio.testing
 
 from node.server.busy_poll import YIELD_INTERVAL_S, BusyPoll, _LoopView
+from node.server.dispatch_loop import idle_pass, serve_dispatch
+from store import Message, MessageStore, StoreConfig
 from node.client import SyncAdmin, SyncProducer
 
 LONG_US = 3_000_000   # a window no test waits out: something else must end the poll
@@ -104,6 +106,40 @@ async def test_runnable_tasks_are_not_kept_waiting(pair):
         assert busy.reader(ours).read(1024) is None   # two tasks wait to run
         assert time.perf_counter() - started < 1
     assert busy.statistics().polls == 0
+
+
+@pytest.mark.trio
+async def test_one_runnable_task_other_than_the_dispatch_is_not_kept_waiting(pair):
+    # a sync put's reply task, woken as the senders it woke wait to run in the same batch
+    ours, _ = pair
+    busy = BusyPoll(LONG_US)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.sleep, 0)
+        started = time.perf_counter()
+        assert busy.reader(ours).read(1024) is None   # one task waits to run
+        assert time.perf_counter() - started < 1
+    assert busy.statistics().polls == 0
+
+
+@pytest.mark.trio
+async def test_the_dispatch_task_alone_runnable_lets_the_poll_go_on(pair, tmp_path):
+    # its pass is idle_work's: the reader runs it, then polls its window
+    ours, _ = pair
+    store = MessageStore(StoreConfig(store_path=str(tmp_path / "s"), dispatcher_thread=False))
+    store.start()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_dispatch, store.dispatcher)
+            await trio.testing.wait_all_tasks_blocked()
+            busy = BusyPoll(20_000, idle_work=idle_pass(store.dispatcher))
+            store.append([Message("t", b"m", queue_id=0)])   # wakes the dispatch task
+            assert busy._loop.runnable() == 1
+            assert busy.reader(ours).read(1024) is None       # the window ran out
+            assert busy.statistics().polls == 1
+            assert store.max_offset("t", 0) == 1              # dispatched by the idle pass
+            nursery.cancel_scope.cancel()
+    finally:
+        store.shutdown()
 
 
 @pytest.mark.trio
