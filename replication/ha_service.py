@@ -188,7 +188,8 @@ class HAService:
             raise FlushSlaveTimeout(f"{WAITERS_MAX} puts already wait for replicas")
         waiter = _Waiter(end_offset)
         heapq.heappush(self._waiters, (end_offset, next(self._sequence), waiter))
-        self.notify_appended()
+        if self._unsent(end_offset):
+            self.notify_appended()  # a writer that did not: the senders still owe these bytes
         timeout_ms = self.settings.slave_timeout_ms if timeout_ms is None else timeout_ms
         with trio.move_on_after(timeout_ms / 1000):
             await waiter.event.wait()
@@ -199,6 +200,15 @@ class HAService:
                 f"replicas did not acknowledge offset {end_offset} within slave_timeout_ms={timeout_ms}")
             waiter.event.set()  # leaves the heap at the next release
             raise waiter.error
+
+    def _unsent(self, end_offset: int) -> bool:
+        """Whether a connected slave's sender has not yet sent the log up to ``end_offset``.
+        A put's writer has woken the senders already (``notify_appended``), and they have
+        usually sent its frame before its reply task gets here: waking them again is a
+        wasted loop pass per sender, the half of which also sent a CONFIRM frame of its own
+        (one more write and one more wake-up per slave and send)."""
+        return any(replica.connected and replica.sent_offset < end_offset
+                   for replica in self.tracker.replicas.values())
 
     def fence(self, reason: str) -> None:
         """Acknowledge nothing from now on; every waiting put fails (ReplicationFenced)."""

@@ -216,3 +216,35 @@ async def test_readers_capped_at_the_confirm_offset_see_only_what_the_sync_state
         assert master.confirm_offset >= unreplicated.end_offset
         assert [m.body[:14] for m in master.pull("orders", 0, 2).messages] == [b"only-on-master"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_waiting_put_wakes_the_senders_only_for_bytes_they_have_not_sent(open_store):
+    # its writer woke them (notify_appended) and they sent its frame: a second wake per put
+    # was a wasted loop pass per sender, and often a CONFIRM frame of its own per slave
+    from replication import SyncSettings
+    master, slave = open_store("master"), open_store("slave")
+    master_epochs = epoch_file(master)
+    begin_term(master, master_epochs)
+    async with trio.open_nursery() as nursery:
+        service, address = await start_master(nursery, master, master_epochs,
+                                              sync=SyncSettings(min_in_sync_replicas=2, max_time_not_catchup_ms=1_000))
+        running = await start_slave(nursery, slave, address)
+        await wait_until(lambda: "s1" in service.statistics().sync_state_set, what="the slave joins the SSS")
+        (sent,) = put(master, 1, prefix="notified")
+        service.notify_appended()
+        replica = service.tracker.replicas["s1"]
+        await wait_until(lambda: replica.sent_offset >= sent.end_offset and service._senders_waiting == 1,
+                         what="the frame sent, its sender parked")
+        parked_on = service._appended
+        with trio.fail_after(5):
+            await service.wait_for_replicas(sent.end_offset)
+        assert service._appended is parked_on, "the sender was woken again for a frame it had sent"
+        await wait_until(lambda: service._senders_waiting == 1, what="the sender parked")
+        (unsent,) = put(master, 1, prefix="not-notified")   # a writer that did not wake the senders
+        parked_on = service._appended
+        with trio.fail_after(5):
+            await service.wait_for_replicas(unsent.end_offset)
+        assert service._appended is not parked_on, "the waiting put woke the sender for its bytes"
+        assert slave.max_physical_offset >= unsent.end_offset
+        await running.stop()
+        nursery.cancel_scope.cancel()
