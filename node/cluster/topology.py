@@ -78,12 +78,15 @@ __all__ = ["ClusterError", "ClusterConfigError", "ClusterTopology", "ControllerS
            "port_is_free", "topology_from_mapping"]
 
 # A local demo should not reserve GiBs: 64 MiB segments, no next-segment preallocation,
-# smaller consume queue files (1.2 MB) and sparse index files of ~8 MB. Retention by disk
-# use starts at 95%, not the store's 75%: a developer's disk is often past 75% already, and
-# a local cluster deleting segments under a drill would be reported as lost messages.
+# smaller consume queue files (1.2 MB) and sparse index files of ~8 MB. A full disk refuses
+# writes at 95% instead of deleting the oldest segments at the store's 75%: a developer's disk
+# is often past 75% already, and a local cluster deleting segments under a drill or a chaos
+# run would be reported as lost messages (a 200-cycle soak lost its first segment on every
+# node that way while benches filled this machine's disk past 95%).
 LOCAL_STORE_DEFAULTS = {"commitlog_segment_bytes": 64 * 1024 * 1024, "preallocate_next_segment": False,
                         "consume_queue_entries_per_file": 60_000, "index_hash_slots": 100_000,
-                        "index_max_entries": 400_000, "disk_max_used_ratio": 0.95}
+                        "index_max_entries": 400_000, "disk_max_used_ratio": 0.95,
+                        "disk_full_policy": "refuse_writes"}
 
 _TOP_KEYS = ("cluster", "host", "base_port", "nodes_per_group", "replication", "flush", "min_in_sync_replicas",
              "all_ack_in_sync_state_set", "secret", "secret_file", "proxied",
