@@ -156,7 +156,9 @@ def test_idle_connections_far_past_the_limit_lock_no_real_client_out(tmp_path, s
         assert all(item["served_in_s"] < 5 for item in served), figures
         # what the node did shows in status (JSON and text) and in its metrics
         assert clients["limit"] == limit and clients["open"] <= limit, figures
-        assert clients["shed_unauthenticated"] >= 3 and clients["shed_idle"] == 0, figures   # a place per client
+        # at least the first real client took a shed connection's place (the next may take the
+        # place a real client before it left, or one the backlog's idle connections freed)
+        assert clients["shed_unauthenticated"] >= 1 and clients["shed_idle"] == 0, figures
         # every idle connection past the limit took a silent one's place, or was refused if none was old enough
         assert clients["shed_unauthenticated"] + clients["refused_busy"] >= 4 * limit, figures
         assert clients["accepted"] >= limit + clients["shed_unauthenticated"], figures
