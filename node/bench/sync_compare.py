@@ -56,6 +56,24 @@ message for a fixed workload and /proc CPU per message in the same runs):
 - Tried and left out: the master polling its loop (busy_poll.py's window) for the second
   slave's ack once the first arrived: single p50 -2 %, master CPU +30 µs a single send,
   batched CPU no better (3 alternated runs), within the noise of this machine.
+- The master's single send cost 4x the node alone's CPU (910-950 against 220-250 µs, each
+  slave about 300-330): /proc showed 1.0-1.2 voluntary switches a send, so the master
+  hardly slept while it waited for acks, and strace showed why: the client connection's
+  reader busy-polled its socket (busy_poll_us, 200 µs windows) before the HA senders had
+  written the put's frames. The senders were runnable in the same batch of the trio loop,
+  which the run queue the poll looks at does not show (only the put's reply task was
+  there). The poll now ends for any runnable task but the dispatch task
+  (node/server/busy_poll.py), and a waiting put no longer wakes senders that have sent its
+  frame (a loop pass per sender, often a separate CONFIRM frame per slave). Alternated
+  runs of a master with two slaves (5 s of single sends each): master 908-953 -> 741-766 µs
+  a send, p50 1.62-1.68 -> 1.35-1.38 ms; the node alone unchanged. This command
+  (``--seconds 3 --samples 500``), 4 alternated pairs: master 980/940/900/920 ->
+  840/940/760/720 µs a single send, single_p50 ratio 4.9-5.9 -> 4.0-5.8 (medians 4.97 ->
+  4.55); batched CPU a message unchanged (43-49 against 40-52 µs). py-spy (--gil) on the
+  master after it: no loop spins any more; its time is spread over the task wake-ups of a
+  put (client reader and reply task about 27 %, the two senders and ack readers 12 %, the
+  dispatch pass 9 %, trio's scheduler outside tasks about 12 %, deadline adds and removes
+  of the cancel scopes in each park a few %).
 - The largest cost left is not on the replication path: the background scrub (store/scrub.py,
   8 MiB/s of Python CRC checks on every node, over and over a small log) took about a third
   of hastore's batched CPU here: 94 -> 51 and 86 -> 57 µs a message with
