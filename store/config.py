@@ -40,7 +40,7 @@ class StoreConfig:
     # every message and refuse puts once the disk is full.
     disk_full_policy: str = "delete_oldest"
     # Background scrub (store/scrub.py): flushed CommitLog bytes re-read and CRC-checked per second.
-    scrub_bytes_per_s: int = 8 * 1024 * 1024
+    scrub_bytes_per_s: int = 4 * 1024 * 1024
     # After a whole walk the scrub goes on with newly flushed bytes only, and starts over
     # from the log's first offset no sooner than this after the walk began: a small log is
     # not re-read many times a minute (each walk holds the GIL for its CRC work). 0: at once.
