@@ -38,23 +38,24 @@ def queue_count(store, topic: str = "orders", queues: int = 4) -> int:
     return sum(store.max_offset(topic, queue_id) for queue_id in range(queues))
 
 
-async def slave_with_loop_dispatch(open_store, nursery):
-    """A slave store whose dispatch runs only when woken, as in a node (dispatch_loop.py)."""
-    slave = open_store("slave", dispatcher_thread=False)
-    await nursery.start(serve_dispatch, slave.dispatcher)
-    return slave
-
-
-async def test_frames_of_the_delay_share_one_dispatch_wake(open_store):
+async def master_and_slave(open_store, nursery, dispatch_delay_ms: float):
+    """A master in its first term and a slave following it, whose store dispatches only when
+    woken, as in a node (dispatch_loop.py), through a CountedWakes of its replica log:
+    (master, slave, counted, the master's HAService, the running slave)."""
     master = open_store("master")
     master_epochs = epoch_file(master)
     begin_term(master, master_epochs)
+    slave = open_store("slave", dispatcher_thread=False)
+    await nursery.start(serve_dispatch, slave.dispatcher)
+    counted = CountedWakes(slave.replica_log)
+    service, address = await start_master(nursery, master, master_epochs)
+    running = await start_slave(nursery, slave, address, replica_store=counted, dispatch_delay_ms=dispatch_delay_ms)
+    return master, slave, counted, service, running
+
+
+async def test_frames_of_the_delay_share_one_dispatch_wake(open_store):
     async with trio.open_nursery() as nursery:
-        slave = await slave_with_loop_dispatch(open_store, nursery)
-        counted = CountedWakes(slave.replica_log)
-        service, address = await start_master(nursery, master, master_epochs)
-        running = await start_slave(nursery, slave, address, replica_store=counted,
-                                    dispatch_delay_ms=DELAY_S * 1000)
+        master, slave, counted, service, running = await master_and_slave(open_store, nursery, DELAY_S * 1000)
         await wait_until(lambda: running.client.statistics().connected, what="session")
         started = trio.current_time()
         for batch in range(10):  # ten frames, normally well within one delay
@@ -74,14 +75,8 @@ async def test_frames_of_the_delay_share_one_dispatch_wake(open_store):
 
 
 async def test_bytes_appended_before_the_session_ends_are_indexed(open_store):
-    master = open_store("master")
-    master_epochs = epoch_file(master)
-    begin_term(master, master_epochs)
     async with trio.open_nursery() as nursery:
-        slave = await slave_with_loop_dispatch(open_store, nursery)
-        counted = CountedWakes(slave.replica_log)
-        service, address = await start_master(nursery, master, master_epochs)
-        running = await start_slave(nursery, slave, address, replica_store=counted, dispatch_delay_ms=60_000)
+        master, slave, counted, service, running = await master_and_slave(open_store, nursery, 60_000)
         put(master, 20)
         service.notify_appended()
         await wait_until(lambda: slave.max_physical_offset == master.max_physical_offset, what="frames")
