@@ -8,6 +8,7 @@ import trio
 import trio.testing
 
 from node.server.config import NodeConfig
+from node.server.node import serve_node
 
 SMALL_STORE = {"commitlog_segment_bytes": 1 << 24, "index_hash_slots": 1024, "index_max_entries": 8192,
                "consume_queue_entries_per_file": 4096, "preallocate_next_segment": False}
@@ -34,3 +35,13 @@ async def wait_until(predicate, what: str, timeout_s: float = 20.0) -> None:
                 await trio.testing.wait_all_tasks_blocked(cushion=0.001)
         return
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+async def start_master_and_slave(nursery, tmp_path, **changes):
+    """Node ``m`` (master) and node ``s`` (a static slave following it) served in ``nursery``,
+    stores under ``tmp_path``; ``changes`` go to both configs."""
+    master = await nursery.start(serve_node, small_config(tmp_path / "m", node_id="m", **changes))
+    slave = await nursery.start(serve_node, small_config(
+        tmp_path / "s", node_id="s", role="slave", master_ha_address=master.ha_address,
+        master_client_address=master.client_address, **changes))
+    return master, slave

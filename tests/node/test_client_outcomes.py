@@ -16,17 +16,9 @@ from node.errors import AuthError, ConnectionLostError, UnsentError, UnknownOutc
 from node.server.node import serve_node
 from node.wire.protocol import FrameDecoder, encode_frame
 
-from node_helpers import small_config, wait_until
+from node_helpers import small_config, start_master_and_slave, wait_until
 
 pytestmark = pytest.mark.trio
-
-
-async def _pair(nursery, tmp_path, **changes):
-    master = await nursery.start(serve_node, small_config(tmp_path / "m", node_id="m", **changes))
-    slave = await nursery.start(serve_node, small_config(
-        tmp_path / "s", node_id="s", role="slave", master_ha_address=master.ha_address,
-        master_client_address=master.client_address, **changes))
-    return master, slave
 
 
 async def _send_many(producer, topic: str, count: int) -> dict:
@@ -52,7 +44,7 @@ async def _send_many(producer, topic: str, count: int) -> dict:
 
 async def test_pipelined_sends_through_a_slave_all_reach_the_master(tmp_path):
     async with trio.open_nursery() as nursery:
-        master, slave = await _pair(nursery, tmp_path)
+        master, slave = await start_master_and_slave(nursery, tmp_path)
         for _ in range(3):
             async with open_producer(slave.client_address, in_flight_max=8, batch_count_max=1) as producer:
                 outcome = await _send_many(producer, "t", 10)
@@ -80,7 +72,7 @@ async def test_a_missing_or_wrong_secret_fails_every_send_exactly(tmp_path, secr
 
 async def test_admin_writes_through_a_slave_follow_not_master_and_reads_stay(tmp_path):
     async with trio.open_nursery() as nursery:
-        master, slave = await _pair(nursery, tmp_path)
+        master, slave = await start_master_and_slave(nursery, tmp_path)
         async with open_admin(slave.client_address) as admin:
             assert (await admin.create_topic("orders", queue_count=2))["queue_count"] == 2
             await admin.commit_offsets("billing", "orders", {0: 0})

@@ -19,10 +19,9 @@ from node.client.connection import connect
 from node.client.routed_consumer import open_routed_consumer
 from node.client.routing import NodeDirectory
 from node.errors import NotMasterError
-from node.server.node import serve_node
 from node.server.role import Role
 
-from node_helpers import small_config, wait_until
+from node_helpers import start_master_and_slave, wait_until
 
 pytestmark = pytest.mark.trio
 
@@ -41,10 +40,7 @@ def _dead_ha_address() -> str:
 async def _master_and_lagging_slave(nursery, tmp_path):
     """A master holding 8 messages in 2 queues and COMMITTED for GROUP; a slave holding the
     messages but only LAGGING (its replication cut in between), naming the master."""
-    master = await nursery.start(serve_node, small_config(tmp_path / "m", node_id="m"))
-    slave = await nursery.start(serve_node, small_config(
-        tmp_path / "s", node_id="s", role="slave", master_ha_address=master.ha_address,
-        master_client_address=master.client_address))
+    master, slave = await start_master_and_slave(nursery, tmp_path)
     async with open_admin(master.client_address) as admin:
         await admin.create_topic("orders", queue_count=2)
         async with open_producer(master.client_address) as producer:

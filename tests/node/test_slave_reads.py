@@ -8,19 +8,15 @@ import pytest
 import trio
 
 from node.client import OutgoingMessage, open_admin, open_consumer, open_producer
-from node.server.node import serve_node
 
-from node_helpers import small_config, wait_until
+from node_helpers import start_master_and_slave, wait_until
 
 pytestmark = pytest.mark.trio
 
 
 async def test_topics_offsets_and_consume_through_a_slave(tmp_path):
     async with trio.open_nursery() as nursery:
-        master = await nursery.start(serve_node, small_config(tmp_path / "m", node_id="m"))
-        slave = await nursery.start(serve_node, small_config(
-            tmp_path / "s", node_id="s", role="slave", master_ha_address=master.ha_address,
-            master_client_address=master.client_address))
+        master, slave = await start_master_and_slave(nursery, tmp_path)
         async with open_admin(master.client_address) as admin:
             await admin.create_topic("orders", queue_count=2)
         async with open_producer(master.client_address) as producer:
