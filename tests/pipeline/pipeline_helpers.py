@@ -6,6 +6,7 @@ import os
 
 import yaml
 
+from node.client import SyncAdmin
 from store import Message, MessageStore, StoreConfig
 
 SEGMENT_BYTES = 256 * 1024
@@ -54,3 +55,18 @@ class SteppedClock:
     def __call__(self) -> int:
         self.now_ms += self.step_ms
         return self.now_ms
+
+
+def pull_every_message(master_address: str, topic: str, queues: int) -> list:
+    """Every message of ``topic``'s queues 0..queues-1 on the node at ``master_address``."""
+    messages = []
+    with SyncAdmin(master_address, timeout_ms=10_000) as admin:
+        for queue_id in range(queues):
+            offset = 0
+            while True:
+                reply = admin.pull(topic, queue_id, offset, 256, 0)
+                if not reply["messages"]:
+                    break
+                messages.extend(reply["messages"])
+                offset = reply["next_offset"]
+    return messages

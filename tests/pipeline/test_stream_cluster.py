@@ -15,6 +15,8 @@ from node.client import SyncAdmin, SyncProducer
 from node.cluster import LocalCluster, topology_from_mapping
 from node.errors import NodeError, UnknownOutcomeError
 
+from pipeline_helpers import pull_every_message
+
 pytestmark = pytest.mark.integration   # ZooKeeper, a controller, node processes and Spark
 
 SMALL_STORE = {"commitlog_segment_bytes": 1 << 20, "consume_queue_entries_per_file": 4096,
@@ -61,20 +63,6 @@ def _create_topic(cluster: LocalCluster, topic: str) -> None:
         admin.create_topic(topic, QUEUES)
 
 
-def _pull_all(cluster: LocalCluster, topic: str) -> list:
-    messages = []
-    with SyncAdmin(cluster.current_master("g1").client_address, timeout_ms=10_000) as admin:
-        for queue_id in range(QUEUES):
-            offset = 0
-            while True:
-                reply = admin.pull(topic, queue_id, offset, 256, 0)
-                if not reply["messages"]:
-                    break
-                messages.extend(reply["messages"])
-                offset = reply["next_offset"]
-    return messages
-
-
 def test_sink_sends_rows_as_acked_messages_with_keys_tags_and_properties(spark, live):
     _create_topic(live, "sink-t")
     rows = [(b"row-%d" % i, [f"k{i}", "shared"], "red" if i % 2 else None, {"n": str(i)}) for i in range(60)]
@@ -83,7 +71,7 @@ def test_sink_sends_rows_as_acked_messages_with_keys_tags_and_properties(spark, 
     for key, value in _options(live).items():
         writer = writer.option(key, value)
     writer.save()
-    stored = {m.body: m for m in _pull_all(live, "sink-t")}
+    stored = {m.body: m for m in pull_every_message(live.current_master("g1").client_address, "sink-t", QUEUES)}
     assert set(stored) == {row[0] for row in rows}
     for body, keys, tags, properties in rows:
         message = stored[body]

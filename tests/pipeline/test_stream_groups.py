@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
-from node.client import SyncAdmin, SyncProducer
+from node.client import SyncProducer
 from node.cluster import LocalCluster, topology_from_mapping
+
+from pipeline_helpers import pull_every_message
 
 pytestmark = pytest.mark.integration   # ZooKeeper, controllers, six node processes and Spark
 
@@ -45,20 +47,6 @@ def _options(cluster: LocalCluster) -> dict:
     return {"zk": cluster.zk_hosts, "cluster": cluster.topology.cluster}     # no group: routed
 
 
-def _pull_group(cluster: LocalCluster, group: str, topic: str, queues: int) -> list:
-    messages = []
-    with SyncAdmin(cluster.current_master(group).client_address, timeout_ms=10_000) as admin:
-        for queue_id in range(queues):
-            offset = 0
-            while True:
-                reply = admin.pull(topic, queue_id, offset, 256, 0)
-                if not reply["messages"]:
-                    break
-                messages.extend(reply["messages"])
-                offset = reply["next_offset"]
-    return messages
-
-
 def test_sink_spreads_a_routed_topic_over_both_groups(spark, two_groups):
     assert _create_routed(two_groups, "spread-sink", 4) == [["g1", [0, 1]], ["g2", [0, 1]]]
     df = spark.createDataFrame([(b"s-%04d" % i, [f"k{i}"]) for i in range(600)], "body BINARY, keys ARRAY<STRING>")
@@ -67,7 +55,7 @@ def test_sink_spreads_a_routed_topic_over_both_groups(spark, two_groups):
     for key, value in _options(two_groups).items():
         writer = writer.option(key, value)
     writer.save()
-    stored = {group: _pull_group(two_groups, group, "spread-sink", 2) for group in GROUPS}
+    stored = {group: pull_every_message(two_groups.current_master(group).client_address, "spread-sink", 2) for group in GROUPS}
     bodies = collections.Counter(m.body for group in GROUPS for m in stored[group])
     assert sorted(bodies) == [b"s-%04d" % i for i in range(600)] and set(bodies.values()) == {1}
     assert all(len(stored[group]) >= 100 for group in GROUPS), {g: len(m) for g, m in stored.items()}
