@@ -35,6 +35,7 @@ class StoreConfig:
     file_reserved_hours: float = 72.0
     disk_max_used_ratio: float = 0.75
     retention_check_interval_ms: int = 10_000
+    # The disk's fullness is read as df reads it: used / (used + available to non-root).
     # What a disk fuller than disk_max_used_ratio does: "delete_oldest" segments (logging
     # and counting any message a consumer group had not read), or "refuse_writes": keep
     # every message and refuse puts once the disk is full.

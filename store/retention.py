@@ -34,7 +34,8 @@ class Retention:
     def __init__(self, commit_log: CommitLog, queues: ConsumeQueueTable, index: IndexService,
                  dispatcher: Dispatcher, root: str, *, file_reserved_hours: float, disk_max_used_ratio: float,
                  interval_ms: int, disk_full_policy: str = "delete_oldest",
-                 consumer_offsets: Callable[[], dict] | None = None) -> None:
+                 consumer_offsets: Callable[[], dict] | None = None,
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
         """``consumer_offsets()`` returns consumerOffset.json's table ({"topic@group":
         {"queue id": next offset}}), read to name what a deletion takes from consumers."""
         self.commit_log = commit_log
@@ -49,14 +50,24 @@ class Retention:
         self.disk_full_policy = disk_full_policy
         self.consumer_offsets = consumer_offsets
         self.unconsumed_messages_deleted = 0
+        self._statvfs = statvfs
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def disk_used_ratio(self) -> float:
-        stats = os.statvfs(self.root)
-        if stats.f_blocks == 0:
-            return 0.0
-        return 1.0 - stats.f_bavail / stats.f_blocks
+        """The share of the store's file system in use, as ``df`` counts it: used blocks
+        over used plus the blocks an unprivileged writer may still take. Blocks kept back
+        for root (or otherwise not available) count as neither: on a file system where
+        ``f_bavail`` lies far below ``f_bfree``, ``1 - f_bavail / f_blocks`` read a
+        third-used disk as 71% full."""
+        used, usable, _ = self._blocks()
+        return used / usable if usable else 0.0
+
+    def _blocks(self) -> tuple[int, int, int]:
+        """(blocks used, blocks used or available to an unprivileged writer, block size)."""
+        stats = self._statvfs(self.root)
+        used = max(0, stats.f_blocks - stats.f_bfree)
+        return used, used + stats.f_bavail, stats.f_frsize
 
     def _first_timestamp(self, segment) -> int | None:
         size, magic = codec.BLANK_HEADER.unpack_from(segment.mm, 0)
@@ -118,8 +129,9 @@ class Retention:
         return [item for item in lost if item[4] > item[3]]
 
     def _disk_bytes(self) -> int:
-        stats = os.statvfs(self.root)
-        return stats.f_blocks * stats.f_frsize
+        """The bytes ``disk_used_ratio`` is a share of."""
+        _, usable, block_bytes = self._blocks()
+        return usable * block_bytes
 
     def start(self) -> None:
         self._stop.clear()
