@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -63,6 +65,41 @@ def _guarded_phase(item: pytest.Item):
     if guard.attempts:   # the code under test caught the refusal: the test still fails
         raise UnmarkedSpawnError(item.nodeid, ", ".join(guard.attempts))
     return result
+
+
+class SmallDisk(type(pathlib.Path())):
+    """A mounted tmpfs (a path) that can be filled up to a given number of free bytes."""
+
+    def fill(self, leave_bytes: int) -> str:
+        """Allocate a file taking all but ``leave_bytes`` of the room an unprivileged writer
+        has here; returns its path (unlink it to free the room)."""
+        filler = str(self / "filler")
+        stats = os.statvfs(str(self))
+        with open(filler, "wb") as handle:
+            os.posix_fallocate(handle.fileno(), 0, max(1, stats.f_bavail * stats.f_frsize - leave_bytes))
+        return filler
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(size)`` -> a SmallDisk: a tmpfs of ``size`` ("8m") mounted under tmp_path,
+    unmounted at teardown. Mounting starts a process (tests using it are integration) and
+    needs root or CAP_SYS_ADMIN: without them the test is skipped, saying why."""
+    mounted: list[SmallDisk] = []
+
+    def mount(size: str) -> SmallDisk:
+        mount_point = SmallDisk(tmp_path / f"disk{len(mounted)}")
+        mount_point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+        mounted.append(mount_point)
+        return mount_point
+
+    yield mount
+    for mount_point in mounted:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
 @pytest.hookimpl(wrapper=True)

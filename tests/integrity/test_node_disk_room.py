@@ -7,7 +7,6 @@ is freed the same producer's sends are acked, and everything acked is served."""
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 import trio
@@ -22,25 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.trio]   # mounts a tmpfs (a p
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
-
-
-def _fill_disk(mount_point, leave_bytes: int) -> str:
-    filler = str(mount_point / "filler")
-    stats = os.statvfs(str(mount_point))
-    with open(filler, "wb") as handle:
-        os.posix_fallocate(handle.fileno(), 0, max(1, stats.f_bavail * stats.f_frsize - leave_bytes))
-    return filler
+def small_disk(tmpfs):
+    return tmpfs("8m")
 
 
 async def test_a_node_on_a_full_disk_refuses_sends_it_could_not_serve_and_takes_them_once_freed(small_disk):
@@ -50,7 +32,7 @@ async def test_a_node_on_a_full_disk_refuses_sends_it_could_not_serve_and_takes_
         await wait_until(lambda: node.store.dispatcher.dispatched_offset >= node.store.commit_log.max_offset,
                          what="dispatch")
         assert node.store.room.headroom_bytes() > 16 * 1024
-        filler = _fill_disk(small_disk, 16 * 1024)
+        filler = small_disk.fill(16 * 1024)
         end = node.store.commit_log.max_offset
         async with open_producer(node.client_address, secret=SECRET, batch_count_max=10) as producer:
             refused = await producer.send_batch("t", [OutgoingMessage(b"full-%d" % i) for i in range(10)])

@@ -46,32 +46,14 @@ WRITER = textwrap.dedent("""
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
-
-
-def _fill_disk(mount_point, leave_bytes: int) -> str:
-    filler = str(mount_point / "filler")
-    free = os.statvfs(str(mount_point))
-    size = free.f_bavail * free.f_frsize - leave_bytes
-    with open(filler, "wb") as handle:
-        os.posix_fallocate(handle.fileno(), 0, max(0, size))
-    return filler
+def small_disk(tmpfs):
+    return tmpfs("3m")
 
 
 def test_full_disk_refuses_writes_without_sigbus_and_recovers_after_space_is_freed(small_disk):
     store_path = str(small_disk / "store")
     os.makedirs(store_path)
-    filler = _fill_disk(small_disk, 900 * 1024)
+    filler = small_disk.fill(900 * 1024)
     done = subprocess.run([sys.executable, "-c", WRITER, store_path], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"writer died (exit {done.returncode}): {done.stderr[-2000:]}"
     acked = [tuple(map(int, line.split()[1:])) for line in done.stdout.splitlines() if line.startswith("ACK")]
@@ -114,7 +96,7 @@ def test_a_put_is_refused_not_acked_when_its_consume_queue_file_would_not_fit(sm
         assert store.wait_dispatched()
         headroom = store.room.headroom_bytes()
         assert headroom == store.config.consume_queue_file_bytes   # the index file has room for 1,999 more keys
-        filler = _fill_disk(small_disk, 4096)
+        filler = small_disk.fill(4096)
         assert store.room.free_bytes() < headroom
         end = store.commit_log.max_offset
         for queue_id in (1, 0):   # a new queue, and one whose file has room: the rule does not guess which
@@ -139,7 +121,7 @@ def test_puts_are_refused_while_dispatch_waits_for_room_and_accepted_once_it_has
     try:
         assert _put(store, 0, 0).status is PutStatus.PUT_OK
         assert store.wait_dispatched()
-        filler = _fill_disk(small_disk, 16 * 1024)   # one 10 KiB ConsumeQueue file fits, two do not
+        filler = small_disk.fill(16 * 1024)   # one 10 KiB ConsumeQueue file fits, two do not
         batch = [Message(topic="Room", queue_id=q, body=b"b%d" % q + b"." * 200) for q in (1, 2, 3)]
         assert [r.status for r in store.put_batch(batch)] == [PutStatus.PUT_OK] * 3
         deadline = time.monotonic() + 10
