@@ -10,9 +10,9 @@ consistent point, then the slave's first ack (its log now ends there) and two ta
 sender cutting the log from that offset into frames of whole records (at most
 ``chunk_bytes_max``, never across a segment or an epoch boundary; views of the mapping)
 and writing them to the socket (heartbeats when idle), and an ack reader feeding the
-ReplicaTracker. A put wakes each parked sender once, and a caught-up sender reads and
-writes the new frame in that same step; a sender far behind reads and checksums frames
-in a worker thread, the next one while the one before is sent. A slave that stops acking
+ReplicaTracker. A put writes a caught-up slave's new frame itself, with no sender task
+woken (log_sender.py); a sender far behind reads and checksums frames in a worker
+thread, the next one while the one before is sent. A slave that stops acking
 for ``ack_timeout_ms`` is dropped; it reconnects when it can.
 
 Sync puts park in a heap ordered by end offset and are released as acks move the
@@ -38,20 +38,18 @@ import trio
 from store.errors import StoreError
 
 from . import protocol
-from .epochs import EpochEntry, Resync, find_resync, next_epoch_start
+from .epochs import EpochEntry, Resync, find_resync
 from .errors import (FlushSlaveTimeout, HaAuthError, HaProtocolError, InSyncReplicasNotEnough, ReplicationError,
                      ReplicationFenced, expected_failure)
+from .log_sender import LogSenders
 from .protocol import Handshake, Hello, Welcome
 from .store_protocol import ReplicaStore
 from .sync_state import ReplicaProgress, ReplicaTracker, SyncSettings
-from .transport import StreamReader, send_now
+from .transport import StreamReader
 
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
-INLINE_READ_BYTES_MAX = 256 * 1024    # smaller frames are read and checksummed inline, larger in a thread
-COALESCE_SEND_BYTES_MAX = 64 * 1024   # header and bytes in one write below this
-IDLE_POLL_MS = 10                      # fallback when a writer did not call notify_appended
 ACK_READER_BUFFER_BYTES = 64 * 1024
 WAITERS_MAX = 100_000
 ACCEPT_RETRY_S = 0.1
@@ -138,8 +136,8 @@ class HAService:
         # called (on the trio thread) whenever the confirm offset moves: readers capped at it
         # (under a controller) may have new messages
         self.on_confirm_advanced = on_confirm_advanced
-        self._appended = trio.Event()
-        self._senders_waiting = 0  # senders parked on _appended (a put renews it only for them)
+        self.senders = LogSenders(store, self.epochs, chunk_bytes_max=settings.chunk_bytes_max,
+                                  heartbeat_interval_ms=settings.heartbeat_interval_ms)
         self._sync_state_wake = trio.Event()
         self._waiters: list[tuple[int, int, _Waiter]] = []
         self._sequence = itertools.count()
@@ -151,11 +149,10 @@ class HAService:
 
     # --- the put path --------------------------------------------------------------------
     def notify_appended(self) -> None:
-        """Wake the senders: the log grew (cheap; call after every local write). A sender not
-        parked looks at the log's end before it parks again, so only parked ones need it."""
-        if self._senders_waiting:
-            self._appended.set()
-            self._appended = trio.Event()
+        """The log grew (call after every local write, on the trio thread): each caught-up
+        slave's new frame is written from this call (log_sender.py). A sender not parked
+        looks at the log's end before it parks again, so only parked ones need it."""
+        self.senders.notify_appended()
         if len(self.tracker.sync_state_set) == 1:
             self._advance_confirm()  # the master alone is the whole sync-state set
 
@@ -188,8 +185,9 @@ class HAService:
             raise FlushSlaveTimeout(f"{WAITERS_MAX} puts already wait for replicas")
         waiter = _Waiter(end_offset)
         heapq.heappush(self._waiters, (end_offset, next(self._sequence), waiter))
-        if self._unsent(end_offset):
-            self.notify_appended()  # a writer that did not: the senders still owe these bytes
+        # a writer that did not call notify_appended: the senders still owe these bytes (a
+        # sender that has sent them is left alone, so no second wake or CONFIRM frame per put)
+        self.senders.notify_appended()
         timeout_ms = self.settings.slave_timeout_ms if timeout_ms is None else timeout_ms
         with trio.move_on_after(timeout_ms / 1000):
             await waiter.event.wait()
@@ -200,15 +198,6 @@ class HAService:
                 f"replicas did not acknowledge offset {end_offset} within slave_timeout_ms={timeout_ms}")
             waiter.event.set()  # leaves the heap at the next release
             raise waiter.error
-
-    def _unsent(self, end_offset: int) -> bool:
-        """Whether a connected slave's sender has not yet sent the log up to ``end_offset``.
-        A put's writer has woken the senders already (``notify_appended``), and they have
-        usually sent its frame before its reply task gets here: waking them again is a
-        wasted loop pass per sender, the half of which also sent a CONFIRM frame of its own
-        (one more write and one more wake-up per slave and send)."""
-        return any(replica.connected and replica.sent_offset < end_offset
-                   for replica in self.tracker.replicas.values())
 
     def fence(self, reason: str) -> None:
         """Acknowledge nothing from now on; every waiting put fails (ReplicationFenced)."""
@@ -307,7 +296,7 @@ class HAService:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._read_acks, reader, replica, nursery.cancel_scope)
-                    await self._stream_log(stream, replica, first_ack)
+                    await self.senders.stream(stream, replica, first_ack)
             finally:
                 if self._sessions.get(node_id) is scope:
                     del self._sessions[node_id]
@@ -345,89 +334,6 @@ class HAService:
         log.info("slave %s (max %d): %s to %d", handshake.node_id, handshake.max_offset, resync.kind.value,
                  resync.offset)
         return handshake, resync
-
-    async def _stream_log(self, stream, replica: ReplicaProgress, offset: int) -> None:
-        """Send the log from ``offset`` for as long as the connection lives: one task reads
-        and sends, so a put wakes it once per slave and a caught-up frame leaves in the same
-        step (``send_now``). Behind by more than ``INLINE_READ_BYTES_MAX``, frames are read
-        in a worker thread, the next one while the one before is sent. A heartbeat goes
-        out after ``heartbeat_interval_ms`` without a frame."""
-        store = self.store
-        heartbeat_s = self.settings.heartbeat_interval_ms / 1000
-        heartbeat_due = trio.current_time() + heartbeat_s
-        ahead = None  # the next frame, read while the one before was sent
-        parked = False  # since the last send: a send that yields nothing must not hog the loop
-        sent_confirm = -1  # the confirm offset this slave was last told (it reads up to it)
-        while True:
-            # a CONFIRM frame goes in the same write as the data frame behind it, if any
-            confirm = b""
-            if store.confirm_offset != sent_confirm:
-                sent_confirm = store.confirm_offset
-                confirm = protocol.confirm(sent_confirm)
-            if ahead is None and offset >= store.max_offset:
-                if confirm:
-                    await send_now(stream, confirm)
-                now = trio.current_time()
-                if now >= heartbeat_due:
-                    await send_now(stream, protocol.heartbeat(store.max_offset))
-                    heartbeat_due = now + heartbeat_s
-                    continue
-                # no checkpoint between the look at the log's end above and parking here, so
-                # no put on this thread can slip in between unseen
-                wake = self._appended
-                self._senders_waiting += 1
-                try:
-                    with trio.move_on_after(min(IDLE_POLL_MS / 1000, heartbeat_due - now)):
-                        await wake.wait()
-                finally:
-                    self._senders_waiting -= 1
-                parked = True
-                continue
-            if ahead is not None:
-                header, data = ahead
-                ahead = None
-            elif store.max_offset - offset > INLINE_READ_BYTES_MAX:
-                header, data = await trio.to_thread.run_sync(self._read_frame, offset, self._frame_limit(offset))
-            else:
-                if not parked:
-                    await trio.lowlevel.checkpoint()  # still behind after a send: let the loop run
-                header, data = self._read_frame(offset, self._frame_limit(offset))
-            # before the send: the slave can apply and ack these bytes before the send
-            # returns here, and an ack past sent_offset is a protocol error
-            replica.sent_offset = offset + len(data)
-            offset += len(data)
-            header = confirm + header
-            if store.max_offset - offset > INLINE_READ_BYTES_MAX:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._send_frame, stream, header, data)
-                    ahead = await trio.to_thread.run_sync(self._read_frame, offset, self._frame_limit(offset))
-            else:
-                await self._send_frame(stream, header, data)
-            parked = False
-            heartbeat_due = trio.current_time() + heartbeat_s
-
-    def _frame_limit(self, offset: int) -> int:
-        """A frame's size bound at ``offset``: the chunk size, and never past an epoch's end."""
-        boundary = next_epoch_start(self.epochs, offset)
-        limit = self.settings.chunk_bytes_max
-        return limit if boundary is None else min(limit, boundary - offset)
-
-    @staticmethod
-    async def _send_frame(stream, header: bytes, data: memoryview) -> None:
-        """``header`` (a CONFIRM frame may lead it) and ``data``, in one write when small."""
-        if len(data) <= COALESCE_SEND_BYTES_MAX:
-            await send_now(stream, header + data)
-        else:
-            await send_now(stream, header)
-            await stream.send_all(data)
-
-    def _read_frame(self, offset: int, limit: int) -> tuple[bytes, memoryview]:
-        """The data frame at ``offset``: its header (CRC included) and its bytes, a view of the
-        log's mapping (no copy; the CRC taken here is what the slave checks them against)."""
-        data = self.store.read(offset, limit)
-        if not data:
-            raise HaProtocolError(f"no record at {offset} below the log's end {self.store.max_offset}")
-        return protocol.data_header(offset, data), data
 
     async def _read_acks(self, reader: StreamReader, replica: ReplicaProgress, scope: trio.CancelScope) -> None:
         timeout_s = self.settings.ack_timeout_ms / 1000

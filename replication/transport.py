@@ -8,7 +8,8 @@ frame while it receives the next). Over a real TCP socket both receive with
 allocation; over any other trio stream (in-memory streams in tests) they fall back to
 ``receive_some``.
 
-``send_now(stream, data)`` writes: what the socket takes at once goes without a scheduling
+``send_now(stream, data)`` writes: what the socket takes at once (``write_now``, never a
+scheduling point, also for callers that cannot wait) goes without a scheduling
 point (``send_all`` yields to trio's loop after every send, a whole pass of it for an
 8-byte ack or a 1 KiB frame), the rest through ``send_all``. Its caller must be the only
 task writing to the stream, which is what trio's conflict detector would check.
@@ -35,26 +36,33 @@ YIELD_EVERY_READS = 16
 BUFFER_BYTES_DEFAULT = protocol.CONTROL_LENGTH.size + protocol.CONTROL_BYTES_MAX + RECEIVE_SLACK_BYTES
 
 
+def write_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> int:
+    """Bytes of ``data`` a socket stream's socket took now (0 when it would block; always 0
+    for a stream that is not a socket stream). BrokenResourceError if the peer is gone,
+    ClosedResourceError if the stream was closed. Never a scheduling point."""
+    if type(stream) is not trio.SocketStream:
+        return 0
+    fd = stream.socket.fileno()  # -1 once closed, never a reused number
+    if fd < 0:
+        raise trio.ClosedResourceError("the socket was closed")
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+    except OSError as error:
+        if error.errno == errno.EBADF:
+            raise trio.ClosedResourceError("the socket was closed") from error
+        raise trio.BrokenResourceError(f"send failed: {error}") from error
+
+
 async def send_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> None:
     """``stream.send_all(data)``, writing straight to a socket stream's socket first: no
     scheduling point when the socket takes it all. BrokenResourceError if the peer is
     gone, ClosedResourceError if the stream was closed."""
-    if type(stream) is trio.SocketStream:
-        fd = stream.socket.fileno()  # -1 once closed, never a reused number
-        if fd < 0:
-            raise trio.ClosedResourceError("the socket was closed")
-        try:
-            sent = os.write(fd, data)
-        except BlockingIOError:
-            sent = 0
-        except OSError as error:
-            if error.errno == errno.EBADF:
-                raise trio.ClosedResourceError("the socket was closed") from error
-            raise trio.BrokenResourceError(f"send failed: {error}") from error
-        if sent == len(data):
-            return
-        data = memoryview(data)[sent:]
-    await stream.send_all(data)
+    sent = write_now(stream, data)
+    if sent == len(data):
+        return
+    await stream.send_all(memoryview(data)[sent:] if sent else data)
 
 
 class PeerClosed(HaProtocolError):
@@ -97,6 +105,11 @@ class StreamReader:
         data = await self.stream.receive_some(len(view))
         view[:len(data)] = data
         return len(data)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received and not yet handed out."""
+        return self._end - self._start
 
     async def exactly(self, count: int) -> memoryview:
         """The next ``count`` bytes (a view into the buffer, valid until the next call)."""

@@ -218,9 +218,9 @@ async def test_readers_capped_at_the_confirm_offset_see_only_what_the_sync_state
         nursery.cancel_scope.cancel()
 
 
-async def test_a_waiting_put_wakes_the_senders_only_for_bytes_they_have_not_sent(open_store):
-    # its writer woke them (notify_appended) and they sent its frame: a second wake per put
-    # was a wasted loop pass per sender, and often a CONFIRM frame of its own per slave
+async def test_a_put_writes_a_parked_senders_frame_itself_and_wakes_no_sender(open_store):
+    # notify_appended writes a caught-up slave's frame from the put's own call: no sender task
+    # is woken for a one-at-a-time put, and a waiting put sends what a writer did not notify
     from replication import SyncSettings
     master, slave = open_store("master"), open_store("slave")
     master_epochs = epoch_file(master)
@@ -230,21 +230,32 @@ async def test_a_waiting_put_wakes_the_senders_only_for_bytes_they_have_not_sent
                                               sync=SyncSettings(min_in_sync_replicas=2, max_time_not_catchup_ms=1_000))
         running = await start_slave(nursery, slave, address)
         await wait_until(lambda: "s1" in service.statistics().sync_state_set, what="the slave joins the SSS")
+        senders = service.senders
+        replica = service.tracker.replicas["s1"]
+        await wait_until(lambda: senders.parked == 1, what="the sender parked")
+        wakes, direct = senders.task_wakes, senders.direct_sends
         (sent,) = put(master, 1, prefix="notified")
         service.notify_appended()
-        replica = service.tracker.replicas["s1"]
-        await wait_until(lambda: replica.sent_offset >= sent.end_offset and service._senders_waiting == 1,
-                         what="the frame sent, its sender parked")
-        parked_on = service._appended
+        assert replica.sent_offset == sent.end_offset, "the put did not write the frame itself"
+        assert (senders.task_wakes, senders.direct_sends) == (wakes, direct + 1)
+        assert senders.parked == 1, "the sender task was woken"
         with trio.fail_after(5):
             await service.wait_for_replicas(sent.end_offset)
-        assert service._appended is parked_on, "the sender was woken again for a frame it had sent"
-        await wait_until(lambda: service._senders_waiting == 1, what="the sender parked")
-        (unsent,) = put(master, 1, prefix="not-notified")   # a writer that did not wake the senders
-        parked_on = service._appended
+        assert (senders.task_wakes, senders.direct_sends) == (wakes, direct + 1), "a second send for the put"
+        await wait_until(lambda: senders.parked == 1, what="the sender parked")
+        (unsent,) = put(master, 1, prefix="not-notified")   # a writer that did not notify
+        assert replica.sent_offset < unsent.end_offset
         with trio.fail_after(5):
             await service.wait_for_replicas(unsent.end_offset)
-        assert service._appended is not parked_on, "the waiting put woke the sender for its bytes"
+        assert senders.direct_sends == direct + 2, "the waiting put did not send its bytes"
         assert slave.max_physical_offset >= unsent.end_offset
+        # far behind (a batch past DIRECT_SEND_BYTES_MAX): the put leaves it to the sender task
+        await wait_until(lambda: senders.parked == 1, what="the sender parked")
+        batch = put(master, 400, body_bytes=400)
+        service.notify_appended()
+        assert senders.task_wakes == wakes + 1 and senders.direct_sends == direct + 2
+        with trio.fail_after(5):
+            await service.wait_for_replicas(batch[-1].end_offset)
+        assert slave.max_physical_offset == master.max_physical_offset
         await running.stop()
         nursery.cancel_scope.cancel()
