@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate, chain, count, repeat
-from operator import add, and_, attrgetter
+from operator import add, and_, attrgetter, itemgetter
 from typing import NamedTuple, Union
 
 from . import codec
@@ -40,15 +40,21 @@ _MESSAGE_FIELDS = attrgetter("topic", "queue_id", "body", "keys", "tags", "prope
 # KEYS or TAGS property loses to the field of the same name (the per-message path sorts that out)
 _STORE_NAMES = codec.STORE_PROPERTY_NAMES | {codec.PROPERTY_KEYS, codec.PROPERTY_TAGS}
 _PROPERTIES_LENGTH = codec.PROPS_LEN.pack
-# a record is header + body + tail + the HCRC digits and their separator
-_BESIDE_BODY_AND_TAIL = codec.HEADER.size + codec.HCRC_VALUE_BYTES
+# a record is header + body + tail + the __CRC32# property (its name, digits and separator);
+# a column's tail stops before that property: it is what the whole-message CRC covers after the body
+_BESIDE_BODY_AND_TAIL = codec.HEADER.size + codec.SEAL_PROPERTY_BYTES
 _BODY_CRC_MASK = 0x7FFFFFFF
 _MAX_QUEUE_ID = 2**31 - 1
 _join_pair = codec.NAME_VALUE_SEPARATOR.join
 _join_pairs = codec.PROPERTY_SEPARATOR.join
 _join_keys = codec.KEY_SEPARATOR.join
 _crc32 = codec.crc32
-_TAIL_FORMAT = b"%s%s%s" + codec.HCRC_PREFIX
+_TAIL_FORMAT = b"%s%s%s"
+# the __CRC32# property from a CRC (codec.seal_value as three C-level steps mapped over a
+# run): ten decimal digits, reversed (least significant first), between its name and \x02
+_DIGITS_FORMAT = b"%010d"
+_REVERSED = itemgetter(slice(None, None, -1))
+_SEAL_FORMAT = codec.SEAL_PREFIX + b"%s\x02"
 _END_OF_PAIRS = ("",)  # joined last, so a non-empty map's text ends with its separator
 # from this many messages a batch may be written column-wise: below it the fixed cost of
 # the column encoding is more than the per-message loop it replaces
@@ -99,7 +105,7 @@ class BatchColumns(NamedTuple):
     queue_ids: tuple[int, ...]
     bodies: tuple[bytes, ...]
     body_crcs: list[int]
-    tails: list[bytes]
+    tails: list[bytes]                     # TOPICLEN TOPIC PROPLEN PROPERTIES, up to the __CRC32# property
     flags: tuple[int, ...]
     sys_flags: tuple[int, ...]
     born_timestamps: tuple[int, ...]
@@ -186,12 +192,19 @@ def _property_texts(keys: tuple, tags: tuple, properties: tuple[dict, ...]) -> l
     key with a space, a separator inside a name or value, a store-owned name, keys not a
     list or tuple, or KEYS / TAGS set on some messages only."""
     names = set().union(*properties)
-    if not (_only_str(names) and "" not in names and _STORE_NAMES.isdisjoint(names)
-            and _only_str(chain.from_iterable(map(dict.values, properties)))):
+    values = list(chain.from_iterable(map(dict.values, properties)))
+    if not (_only_str(names) and "" not in names and _STORE_NAMES.isdisjoint(names) and _only_str(values)):
         return None
-    texts = list(map(_join_pairs, map(chain, map(map, repeat(_join_pair), map(dict.items, properties)),
-                                      repeat(_END_OF_PAIRS))))
-    pairs = sum(map(len, properties))
+    pairs = len(values)
+    if not names:
+        texts = [""] * len(properties)
+    elif len(names) == 1 and pairs == len(properties):
+        # every map holds the one name once (a producer's UNIQ_KEY): "name\x01" + value + "\x02"
+        texts = list(map(add, repeat(f"{next(iter(names))}{codec.NAME_VALUE_SEPARATOR}"),
+                         map(add, values, repeat(codec.PROPERTY_SEPARATOR))))
+    else:
+        texts = list(map(_join_pairs, map(chain, map(map, repeat(_join_pair), map(dict.items, properties)),
+                                          repeat(_END_OF_PAIRS))))
     if not set(map(type, keys)) <= _KEY_LIST_TYPES:
         return None
     if any(keys):
@@ -255,6 +268,10 @@ def encode_run(columns: BatchColumns, start_offset: int, queue_offsets: list[int
                        columns.queue_ids, columns.flags, queue_offsets, positions, columns.sys_flags, born,
                        columns.born_hosts, repeat(store_timestamp), repeat(store_host), columns.reconsume_times,
                        columns.prepared_transaction_offsets, map(len, columns.bodies)))
-    seals = map(codec.seal, headers, columns.bodies, columns.tails)
+    # the whole-message CRC of each record: header, body and tail, three CRC calls per record,
+    # each mapped over the run (no Python frame per record)
+    crcs = map(_crc32, columns.tails, map(_crc32, columns.bodies, map(_crc32, headers)))
+    seals = map(_SEAL_FORMAT.__mod__, map(_REVERSED, map(_DIGITS_FORMAT.__mod__,
+                                                          map(and_, crcs, repeat(_BODY_CRC_MASK)))))
     data = b"".join(chain.from_iterable(zip(headers, columns.bodies, columns.tails, seals)))
     return data, positions

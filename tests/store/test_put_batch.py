@@ -342,3 +342,45 @@ def test_a_plain_batch_with_columns_of_different_lengths_is_a_programming_error(
     with pytest.raises(ValueError, match="one queue id, body and properties map per message"):
         store.append(PlainBatch("orders", [0, 1], [b"a", b"b", b"c"], [{}, {}, {}]))
     assert store.commit_log.max_offset == before
+
+
+@pytest.mark.parametrize("shape", ["one UNIQ_KEY each", "one odd name each", "every map empty"])
+def test_a_batch_of_one_property_name_writes_the_bytes_of_the_per_message_path(open_store, shape):
+    """Maps that each hold the same one name (a producer's UNIQ_KEY), or none, are encoded
+    by their own shortcut: the same bytes and results as message by message."""
+    messages = _plain(16)
+    for i, message in enumerate(messages):
+        if shape == "one UNIQ_KEY each":
+            message.properties = {"UNIQ_KEY": f"{i:032X}"}
+        elif shape == "one odd name each":
+            message.properties = {"a%sb%%": "v" * i}   # a format character in the name, values of any length
+        else:
+            message.properties = {}
+    plain_store, each_store = open_store(), open_store()
+    for store in (plain_store, each_store):
+        _warm(store, messages)
+    assert plain_store.preparer.regular_columns(_plain_batch(messages)) is not None
+    plain_results = _append_as_the_reference_does(plain_store, messages, _plain_batch(messages))
+    assert plain_results == each_store._append_each(messages)
+    assert _log_bytes(plain_store) == _log_bytes(each_store)
+    plain_store.wait_dispatched()
+    assert pull_all(plain_store, "orders", 3)[-1].properties.items() >= messages[-1].properties.items()
+
+
+@pytest.mark.parametrize("fault", ["a separator in a value", "a second name on one map", "a name missing on one"])
+def test_a_one_name_batch_with_an_odd_map_is_still_checked(open_store, fault):
+    """The shortcut takes only maps of the one name once each; a separator inside a value is
+    refused as on the per-message path, and other shapes take the general encoding."""
+    messages = [Message("orders", b"body", i % 4, properties={"UNIQ_KEY": f"{i:032X}"}) for i in range(12)]
+    if fault == "a separator in a value":
+        messages[5].properties = {"UNIQ_KEY": "a\x02b"}
+    elif fault == "a second name on one map":
+        messages[5].properties = {"UNIQ_KEY": "x", "shop": "7"}
+    else:
+        messages[5].properties = {}
+    plain_store, each_store = open_store(), open_store()
+    for store in (plain_store, each_store):
+        _warm(store, messages)
+    plain_results = _append_as_the_reference_does(plain_store, messages, _plain_batch(messages))
+    assert plain_results == each_store._append_each(messages)
+    assert _log_bytes(plain_store) == _log_bytes(each_store)
