@@ -45,6 +45,8 @@ _HEADER = np.dtype({
                 codec.STORE_TIMESTAMP_AT, codec.BODY_LENGTH_AT],
     "itemsize": codec.HEADER.size,
 })
+# The same fields as native int64, converted from a run's headers in one call
+_HEADER_NATIVE = np.dtype([(name, np.int64) for name in _HEADER.names])
 # One ConsumeQueue entry (consume_queue.ENTRY): commit log offset, size, tags code.
 _QUEUE_ENTRY = np.dtype([("physical_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert _QUEUE_ENTRY.itemsize == QUEUE_ENTRY.size
@@ -232,9 +234,9 @@ class DispatchParser:
         view = np.frombuffer(buffer, np.uint8)
         try:
             at = np.array(positions, np.int64)
-            headers = _windows(view, codec.HEADER.size)[at].view(_HEADER)
-            sizes = headers["size"].astype(np.int64)
-            body_lengths = headers["body_length"].astype(np.int64)
+            headers = _windows(view, codec.HEADER.size)[at].view(_HEADER).astype(_HEADER_NATIVE)
+            sizes = headers["size"]
+            body_lengths = headers["body_length"]
             tail_ends = sizes - body_lengths
             tail_bytes = int(tail_ends[0]) - codec.HEADER.size
             if tail_bytes <= 0 or not bool((tail_ends == tail_ends[0]).all()):
@@ -253,14 +255,13 @@ class DispatchParser:
         prefix = np.uint64(self._topic_prefix(layout.topic))
         keys = [_index_hashes(_span_hashes(tails, span, prefix)) for span in (layout.keys, layout.uniq_key) if span]
         tags_codes = _signed(_span_hashes(tails, layout.tags, np.uint64(0))) if layout.tags else 0
-        physical_offsets = headers["physical_offset"].astype(np.int64)
-        store_timestamps = headers["store_timestamp"].astype(np.int64)
+        physical_offsets = headers["physical_offset"]
+        store_timestamps = headers["store_timestamp"]
         entries = np.empty(count, _QUEUE_ENTRY)
         entries["physical_offset"] = physical_offsets
         entries["size"] = sizes
         entries["tags_code"] = tags_codes
-        runs = _one_topic_runs(layout.topic, headers["queue_id"].astype(np.int64),
-                               headers["queue_offset"].astype(np.int64), entries)
+        runs = _one_topic_runs(layout.topic, headers["queue_id"], headers["queue_offset"], entries)
         if len(keys) == 2:             # a record's KEYS word, then its UNIQ_KEY
             key_hashes = np.stack(keys, axis=1).ravel()
             key_offsets, key_timestamps = np.repeat(physical_offsets, 2), np.repeat(store_timestamps, 2)
@@ -396,10 +397,11 @@ def _signed(unsigned: np.ndarray) -> np.ndarray:
 
 
 def _index_hashes(unsigned: np.ndarray) -> np.ndarray:
-    """IndexFile key hash of unsigned 32-bit Java hashes: abs of the signed value, 0 for MIN_VALUE."""
-    absolute = np.abs(_signed(unsigned))
-    absolute[absolute == 1 << 31] = 0
-    return absolute
+    """IndexFile key hash of unsigned 32-bit Java hashes: abs of the signed value, 0 for
+    MIN_VALUE. From 2**31 on the signed value is negative and its abs is 2**32 minus the
+    unsigned one; MIN_VALUE's (2**31) masks to 0."""
+    values = unsigned.astype(np.int64)
+    return np.where(values >= 1 << 31, ((1 << 32) - values) & 0x7FFFFFFF, values)
 
 
 def _topics(raw: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[list[str], np.ndarray]:

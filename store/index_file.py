@@ -268,13 +268,15 @@ class IndexFile:
         try:
             heads = table[slots].astype(np.int64)
             previous = np.where((heads > 0) & (heads <= numbers), heads, 0)
-            any_shared = bool(shared.any())
+            any_shared = np.count_nonzero(shared) > 0
             if any_shared:
                 previous[order[1:][shared]] = numbers[order[:-1][shared]]
             newly_used = int(np.count_nonzero(previous == 0))
             entries["key_hash"] = key_hashes
             entries["physical_offset"] = physical_offsets
-            entries["time_diff"] = np.clip((store_timestamps - header.begin_timestamp) // 1000, 0, _INT_MAX)
+            # np.clip's own checks cost more than these two calls on a pass's few entries
+            entries["time_diff"] = np.minimum(np.maximum((store_timestamps - header.begin_timestamp) // 1000, 0),
+                                              _INT_MAX)
             entries["previous"] = previous
             if any_shared:
                 newest = np.append(~shared, True)             # the last of each slot's entries

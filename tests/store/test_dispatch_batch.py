@@ -324,3 +324,11 @@ def test_dispatch_from_the_writers_offsets_matches_a_walk(open_store, tmp_path, 
     assert [found for found in taken[-5:]] == [None] * 5
     assert built["from the writer"] == built["walked"]
     store.dispatcher.start()
+
+
+def test_index_hashes_match_the_codec_at_the_edges():
+    """abs of the signed Java hash, 0 for Integer.MIN_VALUE, for the values around the sign bit."""
+    edges = [0, 1, 2**31 - 2, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 2, 2**32 - 1, 0x9E3779B9]
+    hashes = dispatch_batch._index_hashes(np.array(edges, np.uint64))
+    assert hashes.tolist() == [codec._abs_hash(value) for value in edges]
+    assert hashes.tolist()[4] == 0
