@@ -20,6 +20,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import accumulate, repeat
+from operator import add
 from typing import Callable, Iterator, NamedTuple
 
 from . import codec
@@ -62,12 +63,13 @@ WRITTEN_RUNS_MAX = 4096
 
 
 class WrittenRuns:
-    """Where the writer's own appends placed their records: runs of (first offset, end
-    offset, each record's offset), in log order.
+    """Where the writer's appends placed their records: runs of (first offset, end offset,
+    each record's offset), in log order.
 
     The dispatcher takes record offsets from here instead of walking the headers one by
-    one (a quarter of its time). Only what this process appended is here: the log grown
-    by replication or found by recovery is walked. Bounded: when the dispatcher falls far
+    one (a quarter of its time). What this process appended is here, and what a slave
+    appended by replication (its check of the chunk found the records); the log found by
+    recovery is walked. Bounded: when the dispatcher falls far
     behind, the oldest runs are dropped and it walks those records instead. Appended by
     the writer under its lock, taken by the dispatcher under its own: a deque's ``append``
     and ``popleft`` need no lock between the two. ``runs_max`` bounds the runs kept.
@@ -298,14 +300,20 @@ class CommitLog:
             repeat(PutStatus.PUT_OK), positions, queue_offsets, message_ids, repeat(store_timestamp), run.sizes,
             repeat("")))
 
-    def append_bytes(self, offset: int, data) -> None:
+    def append_bytes(self, offset: int, data, positions: list[int] | None = None) -> None:
         """Append raw records (bytes-like) at exactly ``offset`` (replication). They must be
         whole records. Written with ``pwrite``, which releases the GIL (see MappedFile.write),
-        with the pages ahead brought in by the preallocator meanwhile."""
+        with the pages ahead brought in by the preallocator meanwhile. ``positions``: where
+        in ``data`` each message record starts, as the caller's check of the framing found
+        them (``replica_log.check_chunk``); kept in ``written_runs`` for the dispatcher."""
         view = memoryview(data).cast("B")
         with self._write_lock:
             if offset != self.max_offset:
                 raise StoreError(f"append at {offset} but the commit log ends at {self.max_offset}")
+            if positions:
+                last = positions[-1]
+                run_end = offset + last + codec.BLANK_HEADER.unpack_from(view, last)[0]
+                self.written_runs.add(list(map(add, positions, repeat(offset))), run_end)
             written = 0
             while written < len(view):
                 segment = self._writable_segment()

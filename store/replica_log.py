@@ -101,8 +101,10 @@ def read_chunk(segments, offset: int, end: int, max_bytes: int) -> memoryview:
     return memoryview(mm)[start:position].toreadonly()
 
 
-def check_chunk(data, offset: int, segment_bytes: int) -> None:
-    """Raise ChunkError unless ``data`` is whole records starting at ``offset`` in one segment.
+def check_chunk(data, offset: int, segment_bytes: int) -> list[int]:
+    """Raise ChunkError unless ``data`` is whole records starting at ``offset`` in one segment;
+    return where in ``data`` each message record starts (for the dispatcher, which then
+    need not walk them again).
 
     A blank record must close the segment exactly; nothing may follow it in the chunk.
     """
@@ -110,6 +112,8 @@ def check_chunk(data, offset: int, segment_bytes: int) -> None:
     if segment_position + len(data) > segment_bytes:
         raise ChunkError(f"chunk at {offset} of {len(data)} bytes crosses a segment boundary")
     unpack = codec.BLANK_HEADER.unpack_from
+    positions: list[int] = []
+    add_position = positions.append
     position = 0
     while position < len(data):
         if len(data) - position < codec.BLANK_HEADER.size:
@@ -118,10 +122,12 @@ def check_chunk(data, offset: int, segment_bytes: int) -> None:
         if magic == codec.BLANK_MAGIC:
             if segment_position + position + size != segment_bytes or position + size != len(data):
                 raise ChunkError(f"blank record at {offset + position} does not close its segment")
-            return
+            return positions
         if magic != codec.MESSAGE_MAGIC or size < codec.HEADER.size or position + size > len(data):
             raise ChunkError(f"no whole record at {offset + position} (size {size}, magic {magic:#x})")
+        add_position(position)
         position += size
+    return positions
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,8 +277,8 @@ class ReplicaLog:
         """
         self._check_open()
         commit_log = self._commit_log
-        check_chunk(data, offset, commit_log.segment_bytes)
-        commit_log.append_bytes(offset, data)
+        positions = check_chunk(data, offset, commit_log.segment_bytes)
+        commit_log.append_bytes(offset, data, positions)
         self.writes_need_catch_up = True
         if wake_dispatch:
             self._dispatcher.wake.set()
@@ -354,6 +360,7 @@ class ReplicaLog:
         dispatcher = self._dispatcher
         commit_log.segments.reset_to(start_offset)
         commit_log.max_offset = commit_log.flushed_offset = start_offset
+        commit_log.written_runs.clear()   # runs of the dropped log: none may be taken for the new one
         commit_log.queue_offsets = {}
         dispatcher.dispatched_offset = start_offset
         self._confirm_offset = start_offset

@@ -100,6 +100,51 @@ def test_check_chunk_rules():
         check_chunk(blank, SEGMENT - 32, SEGMENT)
 
 
+def test_check_chunk_returns_where_each_message_starts():
+    record = lambda size: size.to_bytes(4, "big") + (0xDAA320A7).to_bytes(4, "big") + b"\0" * (size - 8)
+    blank = (16).to_bytes(4, "big") + (0xCBD43194).to_bytes(4, "big") + b"\0" * 8
+    assert check_chunk(record(100) + record(120) + record(90), 0, SEGMENT) == [0, 100, 220]
+    assert check_chunk(record(100) + blank, SEGMENT - 116, SEGMENT) == [0]
+    assert check_chunk(blank, SEGMENT - 16, SEGMENT) == []
+
+
+def test_a_replica_dispatches_its_appended_records_from_their_checked_positions(open_store):
+    """What a replica appends is recorded (CommitLog.written_runs) as its chunk check found
+    it, across segment ends, so its dispatcher takes those positions instead of walking."""
+    master = open_store()
+    results = fill(master, 300)
+    replica = open_store(dispatcher_thread=False)
+    replicate(master, replica, 5000)
+    end = replica.max_physical_offset
+    kept, cursor = [], 0
+    while cursor < end:
+        taken = replica.commit_log.written_runs.take(cursor, end)
+        assert taken is not None, f"no positions kept from {cursor}"
+        kept.extend(taken[0])
+        cursor = taken[1]
+        if cursor < end and cursor % SEGMENT:   # a blank record closes the segment: the next starts a run
+            cursor += SEGMENT - cursor % SEGMENT
+    assert kept == [r.physical_offset for r in results]
+    other = open_store()
+    replicate(master, other, 5000)
+    assert other.wait_dispatched()
+    assert [m.body for m in pull_all(other, "t", 1)] == [m.body for m in pull_all(master, "t", 1)]
+    assert [m.physical_offset for m in other.query_by_key("t", "k77")] == [results[77].physical_offset]
+
+
+def test_a_reset_forgets_the_positions_of_the_dropped_log(open_store):
+    master = open_store()
+    fill(master, 200)
+    replica = open_store(dispatcher_thread=False)
+    replicate(master, replica, 1 << 20)
+    replica.replica_log.reset(2 * SEGMENT)
+    assert replica.commit_log.written_runs.take(2 * SEGMENT, master.max_physical_offset) is None
+    replicate(master, replica, 1 << 20)
+    assert replica.wait_dispatched()
+    later = [m for m in pull_all(master, "t", 0) if m.physical_offset >= 2 * SEGMENT]
+    assert [m.body for m in pull_all(replica, "t", 0)] == [m.body for m in later]
+
+
 def test_truncate_cuts_log_queues_and_index_and_replication_resumes(open_store):
     master = open_store()
     results = fill(master, 200)
