@@ -356,3 +356,27 @@ def test_the_store_crc32_is_zlibs():
         assert codec.crc32(data) == zlib.crc32(data)
         assert codec.crc32(data, start) == zlib.crc32(data, start)
         assert codec.crc32(memoryview(data)[size // 3:]) == zlib.crc32(data[size // 3:])
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "mmap"])
+def test_check_record_reads_every_kind_of_buffer_alike(kind):
+    """The scans hand check_record a mapping (scrub, recovery), a memoryview (repair) or bytes:
+    the same verdicts on each, a sound record and a changed CRC digit."""
+    import mmap
+    sound = encode()
+    digit_changed = bytearray(sound)
+    digit_changed[-2] = ord("0") + (digit_changed[-2] - ord("0") + 1) % 10   # the most significant digit
+    verdicts = []
+    for raw in (sound, bytes(digit_changed)):
+        data = b"\0" * 16 + raw + b"\0" * 16
+        if kind == "mmap":
+            buffer = mmap.mmap(-1, len(data))
+            buffer[:] = data
+        else:
+            buffer = {"bytes": bytes, "bytearray": bytearray, "memoryview": memoryview}[kind](data)
+        try:
+            verdicts.append(codec.check_record(buffer, 16, 16 + len(raw)))
+        except codec.CorruptMessage as error:
+            verdicts.append(str(error))
+    assert verdicts == [codec.RecordHeader(False, len(sound)), "message CRC (__CRC32#) mismatch at 16"]
+    assert verdicts[0].total_size == len(sound) and not verdicts[0].is_blank
