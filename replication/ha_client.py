@@ -16,7 +16,9 @@ GIL): the receiver reads a frame into a free buffer of a small pool, checks it (
 offset right after the frames before it, inside one epoch) and hands it over; the
 applier records a new epoch if needed, appends at the log's end (checked again there),
 returns the buffer and acks in the same step, straight to the socket (no task in between;
-one ack for several frames that arrived together). The pool bounds the frames in flight
+one ack for several frames that arrived together). A small frame that arrives while the
+applier waits with nothing queued is appended and acked by the receiver itself, in the
+step that read it: a one-at-a-time put's frame costs the slave no task hop. The pool bounds the frames in flight
 and the memory. The store's dispatch (this replica's ConsumeQueue and IndexFile) is woken
 ``dispatch_delay_ms`` after the first frame it has not seen, not per frame: the frames of
 that time share a pass, and no pass runs between a frame and its ack.
@@ -146,6 +148,10 @@ class HAClient:
         self._received_bytes = 0
         self._last_error: str | None = None
         self._undispatched = trio.Event()  # set: frames appended that the dispatch was not woken for
+        # the applier waits for frames with none queued: the receiver may append one itself
+        self._applier_idle = False
+        self._ack_lock = trio.Lock()  # acks come from the applier and the receiver, one write at a time
+        self.appended_by_receiver = 0  # frames the receiver appended itself (no hop to the applier)
 
     # --- the reconnect loop --------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -197,11 +203,13 @@ class HAClient:
             free_buffers_in.send_nowait(memoryview(bytearray(protocol.DATA_FRAME_BYTES_MAX)))
         frames_in, frames = trio.open_memory_channel(FRAME_BUFFERS)  # bounded by the buffers anyway
         self._undispatched = trio.Event()
+        self._applier_idle = False
+        self._ack_lock = trio.Lock()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._wake_dispatch_later)
                 nursery.start_soon(self._apply_frames, stream, frames, free_buffers_in)
-                await self._receive_frames(reader, welcome, frames_in, free_buffers)
+                await self._receive_frames(stream, reader, welcome, frames_in, free_buffers)
         finally:
             if self._undispatched.is_set():
                 self.store.wake_dispatch()  # what the session appended is indexed all the same
@@ -258,16 +266,19 @@ class HAClient:
         if (resync.kind is ResyncKind.RESET or resync.offset < end) and self.on_truncated is not None:
             self.on_truncated(store.max_offset)
 
-    async def _receive_frames(self, reader: StreamReader, welcome: Welcome, frames: trio.MemorySendChannel,
+    async def _receive_frames(self, stream, reader: StreamReader, welcome: Welcome, frames: trio.MemorySendChannel,
                               free_buffers: trio.MemoryReceiveChannel) -> None:
         """Read data frames into free buffers, check them and hand them to the applier in order.
 
-        The hand-over and the buffer taken back are scheduling points only when they must
-        wait (the applier is three frames behind): a frame costs the loop no pass of its own."""
+        A small frame of the current epoch that arrives while the applier waits with nothing
+        queued is appended and acked here, in this step (``_append_here``): a one-at-a-time
+        put's frame costs no task hop. The hand-over and the buffer taken back are
+        scheduling points only when they must wait (the applier is three frames behind)."""
         master_epochs = welcome.epochs
         timeout_s = self.settings.read_timeout_ms / 1000
         expected = self.store.max_offset  # where the next frame must start
         buffer = None
+        unacked = 0  # frames appended here since the last ack
         with trio.CancelScope() as waited:  # one scope, its deadline moved: none made per frame
             while True:
                 if buffer is None:
@@ -295,22 +306,60 @@ class HAClient:
                 boundary = next_epoch_start(master_epochs, offset)
                 if entry is None or (boundary is not None and offset + header.size > boundary):
                     raise HaProtocolError(f"frame [{offset}, {offset + header.size}) is not inside one master epoch")
+                expected = offset + header.size
+                self._master_max_offset = max(self._master_max_offset, expected)
+                if self._applier_idle and header.size <= INLINE_APPEND_BYTES_MAX \
+                        and entry.epoch == self.epoch_file.last_epoch:
+                    unacked = await self._append_here(stream, reader, offset, data, unacked)
+                    continue   # the buffer is free again
+                unacked = 0
+                self._applier_idle = False   # it has a frame to take now, ahead of any other
                 try:
                     frames.send_nowait((offset, entry, data, buffer))
                 except trio.WouldBlock:
                     waited.deadline = math.inf
                     await frames.send((offset, entry, data, buffer))
                 buffer = None
-                expected = offset + header.size
-                self._master_max_offset = max(self._master_max_offset, expected)
         raise HaProtocolError(f"nothing from the master for {self.settings.read_timeout_ms} ms")
+
+    async def _append_here(self, stream, reader: StreamReader, offset: int, data: memoryview, unacked: int) -> int:
+        """Append a checked frame in the receiver's step (the applier waits with nothing
+        queued, so the log ends at ``offset``) and ack it at once, unless the next frame's
+        header is already here (then one ack covers both, ``ACK_FRAMES_MAX`` frames at
+        most). Returns the frames appended since the last ack."""
+        store = self.store
+        if offset != store.max_offset:
+            raise HaProtocolError(f"frame at {offset}, but this log ends at {store.max_offset}")
+        store.append(offset, data, wake_dispatch=False)
+        self.appended_by_receiver += 1
+        self._undispatched.set()
+        self._received_bytes += len(data)
+        self._publish_confirm_offset()
+        unacked += 1
+        if unacked >= ACK_FRAMES_MAX or reader.buffered_bytes < protocol.DATA_HEADER.size:
+            await self._send_ack(stream)
+            return 0
+        return unacked
+
+    async def _send_ack(self, stream) -> None:
+        """Ack the log's end; the applier and the receiver both ack, one write at a time (an
+        ack the socket takes whole, the usual case, is no scheduling point)."""
+        lock = self._ack_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
+            await send_now(stream, protocol.ack(self.store.max_offset))
+        finally:
+            lock.release()
 
     async def _apply_frames(self, stream, frames: trio.MemoryReceiveChannel,
                             free_buffers: trio.MemorySendChannel) -> None:
         """Write checked frames at the log's end, in order, and ack at once, unless the next
         one already waits (then one ack covers both, ``ACK_FRAMES_MAX`` frames at most); ack
-        the log's end every ``ack_interval_ms`` without frames. The only task that writes to
-        the stream."""
+        the log's end every ``ack_interval_ms`` without frames. While it waits with nothing
+        queued the receiver appends small frames itself (``_applier_idle``)."""
         store = self.store
         interval_s = self.settings.ack_interval_ms / 1000
         unacked = 0  # frames applied since the last ack
@@ -319,10 +368,14 @@ class HAClient:
                 frame = frames.receive_nowait()
             except trio.WouldBlock:
                 frame = None
-                with trio.move_on_after(interval_s):
-                    frame = await frames.receive()
+                self._applier_idle = True
+                try:
+                    with trio.move_on_after(interval_s):
+                        frame = await frames.receive()
+                finally:
+                    self._applier_idle = False
             if frame is None:
-                await send_now(stream, protocol.ack(store.max_offset))
+                await self._send_ack(stream)
                 continue
             offset, entry, data, buffer = frame
             if offset != store.max_offset:
@@ -342,7 +395,7 @@ class HAClient:
             unacked += 1
             # the ack follows the append in the same step: what it names is in this log
             if unacked >= ACK_FRAMES_MAX or frames.statistics().current_buffer_used == 0:
-                await send_now(stream, protocol.ack(store.max_offset))
+                await self._send_ack(stream)
                 unacked = 0
 
     def _publish_confirm_offset(self) -> None:
