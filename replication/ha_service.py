@@ -337,22 +337,30 @@ class HAService:
 
     async def _read_acks(self, reader: StreamReader, replica: ReplicaProgress, scope: trio.CancelScope) -> None:
         timeout_s = self.settings.ack_timeout_ms / 1000
+        tracker = self.tracker
+        last_ack = trio.current_time()
         try:
-            with trio.CancelScope() as waited:  # one scope, its deadline moved per ack
-                while True:
-                    waited.deadline = trio.current_time() + timeout_s
-                    offset = protocol.parse_ack(await reader.exactly(protocol.ACK.size))
-                    if not replica.ack_offset <= offset <= replica.sent_offset:
-                        raise HaProtocolError(f"slave {replica.node_id} acked {offset}: outside [{replica.ack_offset}, "
-                                              f"{replica.sent_offset}] (its last ack, what was sent)")
-                    moved = offset != replica.ack_offset
-                    self.tracker.acked(replica.node_id, offset, _now_ms())
-                    if moved:
-                        self._release_waiters()
-                        self._advance_confirm()
-                        if replica.node_id not in self.tracker.sync_state_set:
-                            self._sync_state_wake.set()
-            raise HaProtocolError(f"slave {replica.node_id} sent no ack for {self.settings.ack_timeout_ms} ms")
+            while True:
+                # one deadline per ack_timeout_ms, not one moved per ack (a sorted-container
+                # remove and add each time): the scope ends ack_timeout_ms after the last ack
+                # it knew of, and the slave is dropped only if no ack came since
+                with trio.CancelScope(deadline=last_ack + timeout_s):
+                    while True:
+                        offset = protocol.parse_ack(await reader.exactly(protocol.ACK.size))
+                        last_ack = trio.current_time()
+                        if not replica.ack_offset <= offset <= replica.sent_offset:
+                            raise HaProtocolError(f"slave {replica.node_id} acked {offset}: outside "
+                                                  f"[{replica.ack_offset}, {replica.sent_offset}] (its last ack, "
+                                                  f"what was sent)")
+                        moved = offset != replica.ack_offset
+                        tracker.acked(replica.node_id, offset, int(last_ack * 1000))
+                        if moved:
+                            self._release_waiters()
+                            self._advance_confirm()
+                            if replica.node_id not in tracker.sync_state_set:
+                                self._sync_state_wake.set()
+                if trio.current_time() >= last_ack + timeout_s:
+                    raise HaProtocolError(f"slave {replica.node_id} sent no ack for {self.settings.ack_timeout_ms} ms")
         except (trio.BrokenResourceError, trio.ClosedResourceError, ReplicationError, OSError) as error:
             log.info("slave %s: %s", replica.node_id, error or type(error).__name__)
             scope.cancel()

@@ -79,9 +79,17 @@ class StreamReader:
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.received_bytes = 0
         self._reads_unyielded = 0
+        # the last read for ``exactly`` took less than it asked for: the socket was empty
+        # then, so the next read waits for it first instead of meeting EAGAIN (a syscall and
+        # an exception per ack or small frame)
+        self._drained = False
 
     async def _receive_into(self, view: memoryview) -> int:
         if self._socket is not None:
+            if self._drained:
+                self._drained = False
+                self._reads_unyielded = 0
+                await trio.lowlevel.wait_readable(self._socket)
             # what waits in the socket is taken without a scheduling point (trio's recv_into
             # yields after every read, a loop pass per ack or small frame); at least every
             # YIELD_EVERY_READS reads a checkpoint all the same, so a peer that keeps the
@@ -125,6 +133,7 @@ class StreamReader:
                 got = await self._receive_into(self._view[self._end:self._end + wanted])
                 if got == 0:
                     raise PeerClosed("the peer closed the connection")
+                self._drained = got < wanted
                 self._end += got
                 self.received_bytes += got
         view = self._view[self._start:self._start + count]
