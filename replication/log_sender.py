@@ -18,7 +18,8 @@ The task sends everything else: the backlog (frames of whole records, at most
 ``chunk_bytes_max``, never across a segment or an epoch boundary; views of the mapping;
 behind by more than ``INLINE_READ_BYTES_MAX`` read and checksummed in a worker thread, the
 next one while the one before is sent), a CONFIRM frame when the confirm offset moved
-(otherwise it leads the next data frame, in the same write), and a heartbeat after
+(it leads the next data frame, in the same write; a frame of its own only after
+``IDLE_POLL_MS`` without data frames), and a heartbeat after
 ``heartbeat_interval_ms`` without a frame. A parked task also looks at the log every
 ``IDLE_POLL_MS``, for a writer that did not call ``notify_appended``.
 """
@@ -144,11 +145,16 @@ class LogSenders:
                 continue
             offset = sender.offset
             if ahead is None and offset >= store.max_offset:
-                confirm = self._confirm_frame(sender)
-                if confirm:
-                    await send_now(stream, confirm)
-                    continue   # it may have waited: look at the log's end again
                 now = trio.current_time()
+                wait_s = IDLE_POLL_MS / 1000
+                if store.confirm_offset != sender.sent_confirm:
+                    # while frames flow each one carries it: a CONFIRM frame of its own (a
+                    # write, and a wake-up of the slave) only IDLE_POLL_MS after the last frame
+                    confirm_due = sender.heartbeat_due - self.heartbeat_s + IDLE_POLL_MS / 1000
+                    if now >= confirm_due:
+                        await send_now(stream, self._confirm_frame(sender))
+                        continue   # it may have waited: look at the log's end again
+                    wait_s = confirm_due - now
                 if now >= sender.heartbeat_due:
                     await send_now(stream, protocol.heartbeat(store.max_offset))
                     sender.heartbeat_due = now + self.heartbeat_s
@@ -160,7 +166,7 @@ class LogSenders:
                 wake = sender.wake
                 self._parked[sender] = None
                 try:
-                    with trio.move_on_after(min(IDLE_POLL_MS / 1000, sender.heartbeat_due - now)):
+                    with trio.move_on_after(min(wait_s, sender.heartbeat_due - now)):
                         await wake.wait()
                 finally:
                     self._parked.pop(sender, None)

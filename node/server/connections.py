@@ -181,7 +181,10 @@ class ClientServer:
                     replies.append(reply)
                     replies_bytes += len(reply)
                 else:
-                    await in_flight.acquire()
+                    try:   # no scheduling point when a place is free: the next read is one
+                        in_flight.acquire_nowait()
+                    except trio.WouldBlock:
+                        await in_flight.acquire()
                     deferred.start_soon(self._run_deferred, outcome, writer, in_flight, state)
             try:
                 if replies:   # no further request is read until the client takes these

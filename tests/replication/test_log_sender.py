@@ -1,0 +1,121 @@
+"""LogSenders, deterministically: a real store, a real socket pair and trio's autojump clock
+in one trio run; the test reads what a slave would receive."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+import trio.testing
+
+from replication import protocol
+from replication.log_sender import DIRECT_SEND_BYTES_MAX, IDLE_POLL_MS, LogSenders
+from replication.sync_state import ReplicaProgress
+from replication.transport import StreamReader
+
+pytestmark = pytest.mark.trio
+
+from replication_helpers import begin_term, epoch_file, put
+
+HEARTBEAT_MS = 1_000
+
+
+class _Slave:
+    """The receiving end: every frame with the (virtual) time it arrived."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.reader = StreamReader(stream)
+        self.frames: list[tuple[float, str, int, int]] = []   # (time, kind, offset, size)
+
+    async def run(self) -> None:
+        while True:
+            header = protocol.parse_data_header(await self.reader.exactly(protocol.DATA_HEADER.size))
+            if header.size:
+                protocol.check_data(header, bytes(await self.reader.exactly(header.size)))
+            kind = "confirm" if header.is_confirm else "heartbeat" if header.is_heartbeat else "data"
+            self.frames.append((trio.current_time(), kind, header.offset, header.size))
+
+    def kinds(self) -> list[str]:
+        return [kind for _, kind, _, _ in self.frames]
+
+
+async def _senders(store, nursery, *, sndbuf: int | None = None):
+    epochs = epoch_file(store)
+    begin_term(store, epochs)
+    senders = LogSenders(store.replica_log, epochs.entries, chunk_bytes_max=4 << 20,
+                         heartbeat_interval_ms=HEARTBEAT_MS)
+    left, right = trio.socket.socketpair()
+    if sndbuf is not None:
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    master_end, slave_end = trio.SocketStream(left), trio.SocketStream(right)
+    replica = ReplicaProgress("s1", "pair", store.max_physical_offset)
+    replica.sent_offset = store.max_physical_offset
+    nursery.start_soon(senders.stream, master_end, replica, store.max_physical_offset)
+    await trio.testing.wait_all_tasks_blocked()
+    return senders, replica, _Slave(slave_end)
+
+
+async def test_flowing_frames_carry_the_confirm_offset_and_a_confirm_frame_follows_the_last(
+        open_store, autojump_clock):
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, replica, slave = await _senders(store, nursery)
+        nursery.start_soon(slave.run)
+        ends = [store.replica_log.confirm_offset]   # the slave has not been told any yet
+        for _ in range(20):   # a put every 2 ms, each acked (the confirm offset moves) at once
+            (result,) = put(store, 1)
+            senders.notify_appended()
+            store.replica_log.publish_confirm_offset(result.end_offset)
+            ends.append(result.end_offset)
+            await trio.sleep(0.002)
+        last_put = trio.current_time() - 0.002
+        await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    assert senders.direct_sends == 20 and senders.task_wakes == 0
+    frames = slave.frames
+    # each data frame is led by the confirm offset of the put before it, in the same write
+    assert slave.kinds() == ["confirm", "data"] * 20 + ["confirm"]
+    assert [offset for _, kind, offset, _ in frames if kind == "confirm"] == ends
+    # the last put's confirm offset: a frame of its own, IDLE_POLL_MS after its data frame
+    assert frames[-1][0] - last_put == pytest.approx(IDLE_POLL_MS / 1000, abs=1e-6)
+    assert replica.sent_offset == store.max_physical_offset
+
+
+async def test_a_frame_the_socket_takes_in_part_is_finished_by_the_sender_task(open_store, autojump_clock):
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, replica, slave = await _senders(store, nursery, sndbuf=4096)
+        results = put(store, 40, body_bytes=1000)   # about 48 KiB: one direct frame, over the socket's buffer
+        assert store.max_physical_offset - replica.sent_offset <= DIRECT_SEND_BYTES_MAX
+        senders.notify_appended()
+        assert senders.direct_sends == 1 and senders.task_wakes == 1, "the task was not handed the rest"
+        (more,) = put(store, 1)   # while the task finishes the frame: it is not the put's to write
+        senders.notify_appended()
+        assert senders.direct_sends == 1
+        nursery.start_soon(slave.run)
+        with trio.fail_after(1):
+            while not slave.frames or slave.frames[-1][2] + slave.frames[-1][3] < more.end_offset:
+                await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+    data = [(offset, size) for _, kind, offset, size in slave.frames if kind == "data"]
+    assert data[0][0] == results[0].physical_offset and data[-1][0] + data[-1][1] == more.end_offset
+    assert all(a + n == b for (a, n), (b, _) in zip(data, data[1:])), "frames out of order or overlapping"
+
+
+async def test_a_slave_far_behind_is_left_to_the_task(open_store, autojump_clock):
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, replica, slave = await _senders(store, nursery)
+        nursery.start_soon(slave.run)
+        results = put(store, 200, body_bytes=1000)   # over DIRECT_SEND_BYTES_MAX
+        senders.notify_appended()
+        assert senders.direct_sends == 0 and senders.task_wakes == 1
+        assert replica.sent_offset < results[-1].end_offset   # nothing written from the put's call
+        with trio.fail_after(1):
+            while replica.sent_offset < results[-1].end_offset or senders.parked == 0:
+                await trio.sleep(0.001)
+        await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+    assert sum(size for _, kind, _, size in slave.frames if kind == "data") == \
+        results[-1].end_offset - results[0].physical_offset
