@@ -35,6 +35,7 @@ from typing import Awaitable, Callable
 
 import trio
 
+from store.codec import BLANK_HEADER, BLANK_MAGIC
 from store.errors import StoreError
 
 from . import protocol
@@ -367,7 +368,19 @@ class HAService:
 
     # --- the sync-state set --------------------------------------------------------------
     def _oldest_unacked_age_ms(self, ack_offset: int) -> int:
-        stored_at = self.store.store_timestamp_at(ack_offset)
+        """Age of the oldest message a slave acked up to ``ack_offset`` lacks. A slave whose
+        ack ends a segment sits at its closing blank record, which has no store time (its
+        bytes there read 0, "decades behind", and dropped every such slave from the
+        sync-state set at once): the message it lacks starts the next segment."""
+        store = self.store
+        if store.min_offset <= ack_offset < store.max_offset:
+            try:
+                head = store.read(ack_offset, BLANK_HEADER.size)
+            except StoreError:   # no record there (a damaged one): its store time, as before
+                head = b""
+            if len(head) >= BLANK_HEADER.size and BLANK_HEADER.unpack_from(head)[1] == BLANK_MAGIC:
+                ack_offset += len(head)   # the blank runs to the segment's end
+        stored_at = store.store_timestamp_at(ack_offset)
         return max(0, int(time.time() * 1000) - stored_at) if stored_at >= 0 else 0
 
     async def _maintain_sync_state_set(self) -> None:

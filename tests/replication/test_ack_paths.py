@@ -110,3 +110,24 @@ async def test_a_drained_reader_waits_for_the_socket_then_reads(autojump_clock):
     assert got == [9]
     await writer_end.send_all(protocol.ack(11)[3:])
     assert protocol.parse_ack(await reader.exactly(protocol.ACK.size)) == 11
+
+
+async def test_a_slave_acked_up_to_a_segments_end_is_not_decades_behind(open_store):
+    # its ack sits at the segment's closing blank record, which has no store time: the
+    # message it lacks is the next segment's first, and its age is what counts
+    store = open_store("m")
+    service = _service(store)
+    results = []
+    for _ in range(100):
+        results += put(store, 64, body_bytes=900)
+        if len(store.commit_log.segments.files) >= 2:
+            break
+    second_start = store.commit_log.segments.files[1].start_offset
+    acked = max(r.end_offset for r in results if r.end_offset <= second_start)
+    assert acked < second_start, "no blank record closes the first segment"
+    age_ms = service._oldest_unacked_age_ms(acked)
+    assert 0 <= age_ms < 60_000
+    service.tracker.apply_sync_state_set(frozenset({"m", "s1"}))
+    service.tracker.connected("s1", "pair", acked, 0)
+    wanted = service.tracker.wanted_sync_state_set(store.max_physical_offset, 0, service._oldest_unacked_age_ms)
+    assert wanted == {"m", "s1"}
