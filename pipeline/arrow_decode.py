@@ -3,9 +3,10 @@
 Two steps. ``scan_records`` walks a slice record by record with the codec's own check
 (``store.codec.check_record``: magic, lengths, BODYCRC and the whole-message CRC, whatever
 the codec verifies today), so it yields each record's position and whether its CRCs hold,
-and stops at the end of data. ``decode_batch`` then decodes many records at once with numpy:
-the 88 header bytes of every record gathered into one array and read as a big-endian
-structured dtype; topics, properties and bodies gathered into Arrow buffers; properties split
+and stops at the end of data. ``decode_batch`` then decodes many records at once with numpy
+from their ``record_layout.RecordLayout`` (kept by the fast walk, else read here): the 88
+header bytes of every record as a big-endian structured dtype, the topics already gathered;
+properties and bodies gathered into Arrow buffers; properties split
 on their separators without a Python loop. ``decode_batch_reference`` does the same record
 by record through ``store.codec.decode_message``; the unit tests hold the two equal.
 
@@ -20,7 +21,6 @@ import socket
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -84,6 +84,7 @@ class ScanResult:
     sizes: np.ndarray           # int64
     crc_ok: np.ndarray          # bool
     bad_tail: BadTail | None
+    layout: object = None       # record_layout.RecordLayout of the records, when the walk kept it
 
 
 def scan_records(buffer, begin: int, end: int, limit: int, *, verify: bool = True) -> ScanResult:
@@ -275,30 +276,30 @@ class SliceInfo:
 
 
 def decode_batch(buffer, positions: np.ndarray, crc_ok: np.ndarray, info: SliceInfo,
-                 columns: tuple[str, ...] = COLUMN_NAMES) -> pa.RecordBatch:
+                 columns: tuple[str, ...] = COLUMN_NAMES, layout=None) -> pa.RecordBatch:
     """Records at ``positions`` (whole, as ``scan_records`` found them) as one RecordBatch of
-    ``columns``. Only the columns asked for are built."""
+    ``columns``. Only the columns asked for are built. ``layout``: the records' RecordLayout
+    when the walk kept it (else it is read here)."""
     data = np.frombuffer(buffer, dtype=np.uint8)
     count = len(positions)
-    # rows of a sliding window: one 88-byte copy per record, no index per byte
-    header = sliding_window_view(data, HEADER_DTYPE.itemsize)[positions].view(HEADER_DTYPE).reshape(count) \
-        if count else np.zeros(0, dtype=HEADER_DTYPE)
-    body_at = positions + HEADER_DTYPE.itemsize
-    body_length = header["body_length"].astype(np.int64)
-    topic_length_at = body_at + body_length
-    topic_length = data[topic_length_at].astype(np.int64)
-    props_length_at = topic_length_at + 1 + topic_length
+    if layout is None:
+        from .record_layout import read_layout
+        layout = read_layout(data, positions)[1]
+    header = layout.header
     wanted = set(columns)
     built: dict[str, pa.Array] = {}
-    if wanted & {"properties", "keys", "tags", "uniq_key"}:
-        props_length = (data[props_length_at].astype(np.int64) << 8) | data[props_length_at + 1]
-        props = _gather(data, props_length_at + 2, props_length)
-        parsed = _split_properties(*props) or _properties_one_by_one(*props)
-        built.update(properties=parsed.map, keys=parsed.keys, tags=parsed.tags, uniq_key=parsed.uniq_key)
+    if wanted & {"properties", "keys", "tags", "uniq_key", "body"}:
+        body_length = layout.body_length
+        body_at = positions + HEADER_DTYPE.itemsize
+        if "body" in wanted:
+            built["body"] = _strings(*_gather(data, body_at, body_length), kind=pa.binary())
+        if wanted & {"properties", "keys", "tags", "uniq_key"}:
+            props_at = body_at + body_length + 1 + layout.topic_length + 2
+            props = _gather(data, props_at, layout.props_length)
+            parsed = _split_properties(*props) or _properties_one_by_one(*props)
+            built.update(properties=parsed.map, keys=parsed.keys, tags=parsed.tags, uniq_key=parsed.uniq_key)
     if "topic" in wanted:
-        built["topic"] = _strings(*_gather(data, topic_length_at + 1, topic_length))
-    if "body" in wanted:
-        built["body"] = _strings(*_gather(data, body_at, body_length), kind=pa.binary())
+        built["topic"] = _strings(layout.topic_bytes, layout.topic_offsets.astype(np.int32))
     simple = {
         "node": lambda: pa.array([info.node] * count, pa.string()),
         "group": lambda: pa.array([info.group] * count, pa.string()),

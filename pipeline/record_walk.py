@@ -3,21 +3,24 @@ whether their CRCs hold, with as little Python per record as possible.
 
 Three steps, each the same verdicts ``store.codec.check_record`` gives record by record:
 
-1. ``walk``: the chain of TOTALSIZE fields, one precompiled ``struct`` read and two integer
-   comparisons per record (smallest size, inside the segment); the magics of all records
-   are then compared in numpy. It stops at the first position that is not plainly a
-   message header.
-2. ``lengths_hold``: every record's BODYLEN, TOPICLEN and PROPLEN gathered with numpy and
-   checked to add up to its TOTALSIZE, all records at once.
+1. ``chain_walk.walk_chains`` (long slices) or ``walk``: the chain of TOTALSIZE fields.
+   ``walk`` reads one precompiled ``struct`` field and makes two integer comparisons per
+   record (smallest size, inside the segment), and reads runs of records of one size in
+   numpy; ``walk_chains`` follows many chains at once in numpy, whatever the sizes. Both
+   stop at the first position that is not plainly a message header.
+2. ``record_layout.read_layout``: every record's magic, BODYLEN, TOPICLEN and PROPLEN
+   gathered with numpy (two passes over the log) and checked to add up to its TOTALSIZE,
+   all records at once; what it gathered is kept for the decoder.
 3. ``crc_verdicts``: the body CRC and the whole-message CRC (__CRC32#) of every record, two
-   ISA-L CRC32 calls over memoryview slices per record (no bytes copied), compared with the
-   stored values in numpy: the BODYCRC fields, and the ten decimal digits of the seal read
-   as numbers. A record with another seal (the older HCRC, or none) is judged by the codec.
+   ISA-L CRC32 calls over memoryview slices per record (no bytes copied, the loop in
+   ``map``), compared with the stored values in numpy: the BODYCRC fields, and the ten
+   decimal digits of the seal read as numbers. A record with another seal (the older HCRC,
+   or none) is judged by the codec.
 
 ``scan_records_fast`` puts them together and hands whatever the walk cannot judge (a blank
 record, unwritten space, a record whose lengths do not hold, a torn tail) to the reference
 walk, ``arrow_decode.scan_records``, which goes on from there with the codec itself. The
-unit tests hold the two walks equal on damaged logs.
+unit tests hold the walks equal on damaged logs.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ RUN_SHORT = 8                 # a run shorter than this makes the walk wait befo
 RUN_PAUSE_MAX = 1024
 
 
-def walk(buffer, begin: int, end: int, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
+def walk(buffer, begin: int, end: int, limit: int, *, check_magic: bool = True) -> tuple[np.ndarray, np.ndarray,
+                                                                                         int]:
     """Positions and TOTALSIZEs of the records that plainly start a message, from ``begin``
     while the position is before ``end``; and the position the walk stopped at.
 
@@ -103,6 +107,8 @@ def walk(buffer, begin: int, end: int, limit: int) -> tuple[np.ndarray, np.ndarr
     sizes = np.empty(len(at), dtype=np.int64)
     sizes[:-1] = np.diff(at)
     sizes[-1] = position - at[-1]
+    if not check_magic:
+        return at, sizes, position
     magic = np.ascontiguousarray(_rows(np.frombuffer(buffer, dtype=np.uint8), at + 4, 4)).view(">u4").reshape(len(at))
     wrong = np.flatnonzero(magic != codec.MESSAGE_MAGIC)
     if len(wrong):
@@ -121,42 +127,19 @@ def _big_endian_i32(rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(rows).view(">i4").reshape(len(rows)).astype(np.int64)
 
 
-def lengths_hold(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                                        np.ndarray]:
-    """Per record: whether its length fields add up to TOTALSIZE (as ``check_record``), and
-    its body and properties lengths (meaningless where the first is false)."""
-    count = len(positions)
-    ends = positions + sizes
-    if count == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return np.zeros(0, dtype=bool), empty, empty
-    body_length = _big_endian_i32(_rows(data, positions + codec.BODY_LENGTH_AT, 4))
-    topic_at = positions + codec.HEADER.size + body_length
-    ok = (body_length >= 0) & (topic_at + 1 <= ends)
-    safe_topic_at = np.where(ok, topic_at, positions)
-    topic_length = data[safe_topic_at].astype(np.int64)
-    props_at = safe_topic_at + 1 + topic_length
-    ok &= props_at + 2 <= ends
-    safe_props_at = np.where(ok, props_at, positions)
-    props_length = (data[safe_props_at].astype(np.int64) << 8) | data[safe_props_at + 1]
-    ok &= safe_props_at + 2 + props_length == ends
-    return ok, body_length, props_length
-
-
-def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, body_length: np.ndarray,
-                 props_length: np.ndarray) -> np.ndarray:
-    """Per record (whose lengths hold): whether its CRCs hold, as ``check_record`` says."""
+def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, layout) -> np.ndarray:
+    """Per record (whose lengths hold; ``layout``: their RecordLayout): whether its CRCs hold,
+    as ``check_record`` says."""
     count = len(positions)
     if count == 0:
         return np.zeros(0, dtype=bool)
     crc = codec.crc32
     view = memoryview(buffer)
-    body_at = (positions + codec.HEADER.size).tolist()
-    body_end = (positions + codec.HEADER.size + body_length).tolist()
+    body_length, props_length = layout.body_length, layout.props_length
+    body_at = positions + codec.HEADER.size
     sealed_end = positions + sizes - codec.SEAL_PROPERTY_BYTES
-    body_crcs = np.array([crc(view[a:b]) for a, b in zip(body_at, body_end)], dtype=np.int64) & 0x7FFFFFFF
-    stored_body = _big_endian_i32(_rows(data, positions + 8, 4))
-    ok = body_crcs == stored_body       # a stored negative value never matches a masked CRC, as in the codec
+    body_crcs = _crcs(view, body_at, body_at + body_length) & 0x7FFFFFFF
+    ok = body_crcs == layout.header["body_crc"].astype(np.int64)   # a stored negative never matches, as in the codec
     # the seal: "__CRC32#\x01", ten digits least significant first, "\x02"
     has_seal = props_length >= codec.SEAL_PROPERTY_BYTES
     prefix_at = np.where(has_seal, sealed_end, positions)
@@ -166,8 +149,7 @@ def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndar
     seal_rows = seal_rows[sealed]
     digits = seal_rows[:, len(_SEAL_PREFIX):len(_SEAL_PREFIX) + 10].astype(np.int64) - 48
     closing = seal_rows[:, -1]
-    starts, stops = positions[sealed].tolist(), sealed_end[sealed].tolist()
-    whole = np.array([crc(view[a:b]) for a, b in zip(starts, stops)], dtype=np.int64) & 0x7FFFFFFF
+    whole = _crcs(view, positions[sealed], sealed_end[sealed]) & 0x7FFFFFFF
     seal_ok = ((digits >= 0) & (digits <= 9)).all(axis=1) & (closing == 2) & \
         ((digits * _DIGIT_WEIGHTS).sum(axis=1) == whole)
     verdict = np.zeros(count, dtype=bool)
@@ -182,28 +164,41 @@ def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndar
     return verdict
 
 
+def _crcs(view: memoryview, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """CRC32 of ``view[start:stop]`` for every pair (no bytes copied): the loop runs in ``map``,
+    not in Python bytecode."""
+    spans = map(view.__getitem__, map(slice, starts.tolist(), stops.tolist()))
+    return np.fromiter(map(codec.crc32, spans), dtype=np.int64, count=len(starts))
+
+
 def scan_records_fast(buffer, begin: int, end: int, limit: int, *, verify: bool = True):
-    """The same ScanResult as ``arrow_decode.scan_records`` (the reference), faster."""
+    """The same ScanResult as ``arrow_decode.scan_records`` (the reference), faster, with the
+    RecordLayout of its records (which the decoder reuses)."""
     from .arrow_decode import ScanResult, scan_records
-    positions, sizes, stopped = walk(buffer, begin, end, limit)
+    from .chain_walk import walk_chains
+    from .record_layout import concat_layouts, empty_layout, read_layout
+    positions, sizes, stopped = walk_chains(buffer, begin, end, limit)
     data = np.frombuffer(buffer, dtype=np.uint8) if len(positions) else None
+    layout = empty_layout()
     if len(positions):
-        holds, body_length, props_length = lengths_hold(data, positions, sizes)
+        holds, layout = read_layout(data, positions, sizes)
         if not holds.all():        # the reference walk judges from the first record that does not hold
             first_bad = int(np.argmin(holds))
             stopped = int(positions[first_bad])
-            positions, sizes = positions[:first_bad], sizes[:first_bad]
-            body_length, props_length = body_length[:first_bad], props_length[:first_bad]
-        crc_ok = crc_verdicts(buffer, data, positions, sizes, body_length, props_length) if verify \
+            positions, sizes, layout = positions[:first_bad], sizes[:first_bad], layout.take(0, first_bad)
+        crc_ok = crc_verdicts(buffer, data, positions, sizes, layout) if verify \
             else np.ones(len(positions), dtype=bool)
     else:
         crc_ok = np.zeros(0, dtype=bool)
-    del data
     if stopped >= end:
-        return ScanResult(positions, sizes, crc_ok, None)
+        return ScanResult(positions, sizes, crc_ok, None, layout)
     rest = scan_records(buffer, stopped, end, limit, verify=verify)
+    if len(rest.positions):
+        data = np.frombuffer(buffer, dtype=np.uint8)
+        layout = concat_layouts([layout, read_layout(data, rest.positions, rest.sizes)[1]])
+    del data
     return ScanResult(np.concatenate([positions, rest.positions]), np.concatenate([sizes, rest.sizes]),
-                      np.concatenate([crc_ok, rest.crc_ok]), rest.bad_tail)
+                      np.concatenate([crc_ok, rest.crc_ok]), rest.bad_tail, layout)
 
 
 _MAGIC_BYTES = codec.MESSAGE_MAGIC.to_bytes(4, "big")

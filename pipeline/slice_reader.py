@@ -28,20 +28,22 @@ def read_slice(piece: SegmentSlice, settings, columns: tuple[str, ...]) -> Itera
         info = SliceInfo(piece.store.node, piece.store.group, piece.segment.name, piece.segment.start_offset)
         if settings.mode == "FAILFAST":
             _fail_fast(result, piece)
-        positions, crc_ok, sizes = result.positions, result.crc_ok, result.sizes
+        positions, crc_ok, sizes, layout = result.positions, result.crc_ok, result.sizes, result.layout
         offsets = positions + piece.segment.start_offset
         keep = np.ones(len(positions), dtype=bool)
         if bounds.offset_min is not None:
             keep &= offsets >= bounds.offset_min
         if bounds.offset_end is not None:
             keep &= offsets < bounds.offset_end
-        positions, crc_ok, sizes = positions[keep], crc_ok[keep], sizes[keep]
+        if not keep.all():
+            positions, crc_ok, sizes, layout = positions[keep], crc_ok[keep], sizes[keep], layout.select(keep)
         needed = columns + tuple(name for name, wanted in (("topic", bounds.topics is not None),
                                                            ("store_timestamp", bounds.time_min_ms is not None
                                                             or bounds.time_max_ms is not None))
                                  if wanted and name not in columns)
         for first, stop in batch_ranges(sizes):
-            batch = decode_batch(buffer, positions[first:stop], crc_ok[first:stop], info, needed)
+            batch = decode_batch(buffer, positions[first:stop], crc_ok[first:stop], info, needed,
+                                 layout.take(first, stop))
             batch = _within(batch, bounds)
             if batch.num_rows:
                 yield batch.select(list(columns)) if needed != columns else batch
