@@ -17,7 +17,8 @@ mode                   PERMISSIVE (default): corrupt records and tails become ro
 maxBytesPerPartition   a segment larger than this is cut into slices of this size (128 MiB); each
                        slice's reader finds its first record itself
 numPartitions          slices are packed, in log order, into this many partitions of about
-                       equal bytes (default: the planning machine's CPU count, the cores
+                       equal bytes of data (the newest segment's unwritten tail weighs
+                       nothing) (default: the planning machine's CPU count, the cores
                        of ``local[*]``); each is a task, a fixed cost
 topics                 comma-separated topics to keep
 startOffset/endOffset  physical offsets, ``[start, end)``
@@ -46,8 +47,8 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, EqualTo, Great
 
 from .arrow_decode import COLUMN_NAMES, spark_ddl
 from .errors import OptionError
-from .segments import (MAX_BYTES_PER_PARTITION_DEFAULT, MAX_BYTES_PER_PARTITION_MIN, Bounds, pack_slices,
-                       plan_slices)
+from .segments import (MAX_BYTES_PER_PARTITION_DEFAULT, MAX_BYTES_PER_PARTITION_MIN, Bounds, data_end_estimate,
+                       pack_slices, plan_slices, slice_weight)
 from .stores import resolve_stores, split_paths
 
 MODES = ("PERMISSIVE", "FAILFAST")
@@ -206,7 +207,12 @@ class CommitLogReader(DataSourceReader):
     def partitions(self):
         stores = resolve_stores(self.settings.paths)
         slices = plan_slices(stores, self.settings.bounds, self.settings.max_bytes_per_partition)
-        groups = pack_slices(slices, self.settings.partitions or os.cpu_count() or 1)
+        newest = {}         # the newest segment of each store: its unwritten tail is no work
+        for piece in slices:
+            newest[piece.store] = piece.segment.path
+        data_ends = {path: data_end_estimate(path) for path in set(newest.values())}
+        groups = pack_slices(slices, self.settings.partitions or os.cpu_count() or 1,
+                             lambda piece: slice_weight(piece, data_ends))
         return [InputPartition(group) for group in groups] or [InputPartition(())]
 
     def read(self, partition):

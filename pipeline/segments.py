@@ -77,7 +77,8 @@ def segment_slices(store: StoreDir, segment: Segment, max_bytes: int) -> list[Se
     """A segment as slices of ``max_bytes`` each. Their bounds are nominal: each reader
     starts at the first record at or after its ``begin`` and stops before the first record
     at or after its ``end`` (``record_walk.find_record_start``), so the planner opens no
-    segment and walks nothing."""
+    segment and walks nothing (``data_end_estimate`` reads a few pages of the newest
+    segment, only to weigh the slices)."""
     size = segment.file_bytes
     bounds = list(range(0, size, max_bytes)) + [size]
     return [SegmentSlice(store, segment, begin, end) for begin, end in zip(bounds, bounds[1:])] \
@@ -117,17 +118,46 @@ def plan_slices(stores: list[StoreDir], bounds: Bounds,
     return slices
 
 
-def pack_slices(slices: list[SegmentSlice], count: int) -> list[tuple[SegmentSlice, ...]]:
-    """``slices`` in log order as at most ``count`` runs of about equal bytes: one task each.
+PAGE = 4096
+
+
+def data_end_estimate(path: str) -> int:
+    """Where a segment's data seems to end: the start of the all-zero pages at its end (the
+    unwritten, preallocated space of the newest segment), found by bisection over its
+    4 KiB pages, a few reads. Only for weighing partitions (a zero page inside the data can
+    make it wrong; the readers find their records themselves)."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        low, high = 0, -(-size // PAGE)           # pages [high, end) are all zeros
+        while low < high:
+            middle = (low + high) // 2
+            if any(os.pread(handle.fileno(), PAGE, middle * PAGE)):
+                low = middle + 1
+            else:
+                high = middle
+    return min(size, high * PAGE)
+
+
+def slice_weight(piece: SegmentSlice, data_ends: dict[str, int]) -> int:
+    """The bytes of data a slice likely holds (``data_ends``: per segment path, its
+    ``data_end_estimate``; a segment not in it counts whole)."""
+    end = min(piece.end, data_ends.get(piece.segment.path, piece.end))
+    return max(1, end - piece.begin)
+
+
+def pack_slices(slices: list[SegmentSlice], count: int, weight=None) -> list[tuple[SegmentSlice, ...]]:
+    """``slices`` in log order as at most ``count`` runs of about equal weight (``weight``: a
+    function of a slice, its bytes by default): one task each.
     On 2 cores, 10 tasks of 128 MiB over 1.15 GB took 0.93-1.2 s where 5 of 256 MiB took
     0.72-0.78 s (same session): every task is a fixed cost, so no more tasks than cores."""
     if not slices:
         return []
-    total = sum(max(1, piece.end - piece.begin) for piece in slices)
+    weights = [weight(piece) if weight else max(1, piece.end - piece.begin) for piece in slices]
+    total = sum(weights)
     groups: list[list[SegmentSlice]] = [[] for _ in range(min(count, len(slices)))]
     done = 0
-    for piece in slices:
-        index = min(len(groups) - 1, done * len(groups) // total)
+    for piece, piece_weight in zip(slices, weights):
+        index = min(len(groups) - 1, (2 * done + piece_weight) * len(groups) // (2 * total))
         groups[index].append(piece)
-        done += max(1, piece.end - piece.begin)
+        done += piece_weight
     return [tuple(group) for group in groups if group]

@@ -225,3 +225,21 @@ def test_slices_are_packed_in_log_order_into_runs_of_about_equal_bytes(tmp_path)
         assert len(packed) == min(count, len(slices))
         sizes = [sum(p.end - p.begin for p in group) for group in packed]
         assert max(sizes) - min(sizes) <= max(p.end - p.begin for p in slices)
+
+
+def test_partitions_are_weighed_by_the_data_before_the_unwritten_tail(tmp_path):
+    from pipeline.segments import data_end_estimate, pack_slices, slice_weight
+    write_store(str(tmp_path), sample_messages(2000), segment_bytes=1 << 20)
+    segments = list_segments(resolve_store(str(tmp_path / "store")))
+    newest = segments[-1]
+    walked = ad.scan_records(map_segment(newest.path), 0, newest.file_bytes, newest.file_bytes)
+    data_end = int(walked.positions[-1] + walked.sizes[-1])
+    estimate = data_end_estimate(newest.path)
+    assert data_end <= estimate < data_end + 4096 and estimate < newest.file_bytes
+    slices = plan_slices([resolve_store(str(tmp_path / "store"))], Bounds(), max_bytes=64 * 1024)
+    ends = {newest.path: estimate}
+    packed = pack_slices(slices, 2, lambda piece: slice_weight(piece, ends))
+    assert [piece for group in packed for piece in group] == slices
+    weights = [sum(slice_weight(piece, ends) for piece in group) for group in packed]
+    assert abs(weights[0] - weights[1]) <= 2 * 64 * 1024      # the unwritten tail weighs nothing
+    assert all(slice_weight(piece, ends) == 1 for piece in slices if piece.begin >= estimate)
