@@ -1,6 +1,7 @@
 """``hastore bench pipeline``: the commitlog source against Spark's own Parquet scan, same run.
 
-It builds a store of N messages of 1 KiB with the storage engine (4 topics, 8 queues), then,
+It builds a store of N messages of 1 KiB (``--body-spread S``: bodies of 1 KiB +/- S bytes,
+evenly spread) with the storage engine (4 topics, 8 queues, a key each), then,
 in one local Spark session:
 
 - counts rows grouped by topic through ``commitlog`` without bodies (``includeBody=false``),
@@ -39,8 +40,19 @@ QUEUES = 8
 PUT_BATCH = 500
 
 
-def build_store(path: str, count: int) -> dict:
-    """A store of ``count`` 1 KiB messages written by the engine; its size and write time."""
+def body_sizes(count: int, spread: int) -> list[int]:
+    """Body sizes of the bench's messages: all BODY_BYTES, or (``spread`` > 0) drawn evenly from
+    ``BODY_BYTES +/- spread`` (mean 1 KiB), the same sizes on every run."""
+    if not spread:
+        return [BODY_BYTES] * count
+    import random
+    draw = random.Random(17).randint
+    return [draw(BODY_BYTES - spread, BODY_BYTES + spread) for _ in range(count)]
+
+
+def build_store(path: str, count: int, spread: int = 0) -> dict:
+    """A store of ``count`` messages of 1 KiB (or 1 KiB +/- ``spread``) written by the engine;
+    its body bytes and write time."""
     from store import Message, MessageStore, StoreConfig
     config = StoreConfig(store_path=path, commitlog_segment_bytes=256 * 1024 * 1024, preallocate_next_segment=False,
                          flush="async")
@@ -48,15 +60,17 @@ def build_store(path: str, count: int) -> dict:
     store.start()
     started = time.perf_counter()
     try:
-        body = os.urandom(BODY_BYTES)
+        body = os.urandom(BODY_BYTES + spread)
+        sizes = body_sizes(count, spread)
         for first in range(0, count, PUT_BATCH):
-            batch = [Message(TOPICS[index % len(TOPICS)], body, queue_id=index % QUEUES, keys=[f"k{index}"])
-                     for index in range(first, min(count, first + PUT_BATCH))]
+            batch = [Message(TOPICS[index % len(TOPICS)], body[:sizes[index]], queue_id=index % QUEUES,
+                             keys=[f"k{index}"]) for index in range(first, min(count, first + PUT_BATCH))]
             results = store.put_batch(batch)
             assert all(result.status.ok for result in results), results[0]
     finally:
         store.shutdown()
-    return {"messages": count, "write_s": round(time.perf_counter() - started, 2)}
+    return {"messages": count, "body_bytes": sum(sizes), "body_spread": spread,
+            "write_s": round(time.perf_counter() - started, 2)}
 
 
 def _best_seconds(action, runs: int) -> tuple[float, object]:
@@ -68,7 +82,7 @@ def _best_seconds(action, runs: int) -> tuple[float, object]:
     return best, value
 
 
-def measure(spark, store_path: str, export_path: str, count: int, runs: int) -> dict:
+def measure(spark, store_path: str, export_path: str, count: int, runs: int, body_bytes: int | None = None) -> dict:
     """Every figure of the bench over one store and its Parquet export."""
     from pyspark.sql import functions as F
 
@@ -88,7 +102,8 @@ def measure(spark, store_path: str, export_path: str, count: int, runs: int) -> 
 
     def group_bytes(df):
         rows = df.groupBy("topic").agg(F.count("*").alias("n"), F.sum(F.length("body")).alias("b")).collect()
-        assert sum(row["n"] for row in rows) == count and sum(row["b"] for row in rows) == count * BODY_BYTES, rows
+        expected = body_bytes or count * BODY_BYTES
+        assert sum(row["n"] for row in rows) == count and sum(row["b"] for row in rows) == expected, rows
         return rows
 
     data_bytes = commitlog(includeBody="false").agg(F.sum("size")).collect()[0][0]    # the records' bytes
@@ -134,19 +149,22 @@ def measure(spark, store_path: str, export_path: str, count: int, runs: int) -> 
 @click.option("--runs", default=2, show_default=True, type=click.IntRange(1, 10), help="Runs per figure (best kept).")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--dir", "directory", default=None, help="Where to build the store (default: a temporary directory).")
+@click.option("--body-spread", default=0, show_default=True, type=click.IntRange(0, BODY_BYTES),
+              help="Vary body sizes evenly over 1 KiB +/- this many bytes (mean 1 KiB); 0: every body 1 KiB.")
 @click.option("--stream-messages", default=300, show_default=True, type=click.IntRange(0, 100_000),
               help="Messages for the streaming latency figure (a local cluster; 0 skips it).")
 def bench_pipeline_command(as_json: bool, count: int, runs: int, master: str, directory: str | None,
-                           stream_messages: int) -> None:
+                           body_spread: int, stream_messages: int) -> None:
     """The commitlog data source against Spark's Parquet scan of the same rows (rows/s, MB/s, ratios)."""
     from .session import start_session
     root = directory or tempfile.mkdtemp(prefix="hastore-bench-pipeline-")
     try:
-        built = build_store(os.path.join(root, "store"), count)
+        built = build_store(os.path.join(root, "store"), count, body_spread)
         spark = start_session(master, "hastore-bench-pipeline")
         try:
             result = {"store": built, "master": master, "cores": os.cpu_count(), "runs": runs,
-                      **measure(spark, os.path.join(root, "store"), os.path.join(root, "export"), count, runs)}
+                      **measure(spark, os.path.join(root, "store"), os.path.join(root, "export"), count, runs,
+                                built["body_bytes"])}
             if stream_messages:
                 from .bench_stream import measure_stream_latency
                 result["streaming_latency"] = measure_stream_latency(spark, stream_messages)
