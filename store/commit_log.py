@@ -391,11 +391,16 @@ class CommitLog:
             int.from_bytes(segment.mm[position + 4:position + 8], "big") == codec.BLANK_MAGIC
 
     def store_timestamp_at(self, offset: int) -> int:
-        """STORETIMESTAMP of the message at ``offset``, -1 if unreadable."""
+        """STORETIMESTAMP of the message at ``offset``; -1 if unreadable, or where a segment's
+        closing blank record starts (it has no store time, and may be too short to hold one)."""
         segment = self.segments.find(offset)
         if segment is None:
             return -1
-        return codec.struct.unpack_from(">q", segment.mm, offset - segment.start_offset + codec.STORE_TIMESTAMP_AT)[0]
+        position = offset - segment.start_offset
+        if position + codec.STORE_TIMESTAMP_AT + 8 > segment.size or \
+                codec.BLANK_HEADER.unpack_from(segment.mm, position)[1] == codec.BLANK_MAGIC:
+            return -1
+        return codec.struct.unpack_from(">q", segment.mm, position + codec.STORE_TIMESTAMP_AT)[0]
 
     def records(self, start: int, end: int) -> Iterator[tuple[object, int, int, bool]]:
         """(mapping, position, size, is_blank) of each record in [start, end), no CRC check.

@@ -243,6 +243,16 @@ def test_store_timestamp_at(open_store):
     assert store.replica_log.store_timestamp_at(store.max_physical_offset) == -1
 
 
+def test_store_timestamp_at_a_segments_closing_blank_is_none(open_store):
+    store = open_store(commitlog_segment_bytes=SEGMENT)
+    results = fill(store, 120)                 # about 56 KiB a segment's worth: one roll
+    last_in_first = max((r for r in results if r.physical_offset < SEGMENT), key=lambda r: r.physical_offset)
+    blank_at = last_in_first.physical_offset + last_in_first.wrote_bytes
+    assert blank_at < SEGMENT <= store.max_physical_offset
+    assert store.replica_log.store_timestamp_at(blank_at) == -1          # no store time there, not 0
+    assert store.replica_log.store_timestamp_at(SEGMENT) == next(r for r in results if r.physical_offset == SEGMENT).store_timestamp
+
+
 def test_reads_stop_before_the_confirm_offset_when_asked(open_store):
     store = open_store()
     results = fill(store, 9)                  # queue 0 holds messages 0, 3, 6
