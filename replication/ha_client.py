@@ -53,7 +53,11 @@ from .transport import StreamReader, send_now
 
 log = logging.getLogger(__name__)
 
-INLINE_APPEND_BYTES_MAX = 256 * 1024   # smaller frames are written inline, larger in a thread
+# smaller frames are written inline, larger in a worker thread. A batched load's frames (64
+# messages x 8 in flight: up to ~600 KiB) stay inline: a worker thread's hop (start it, wake
+# the loop with its result, reschedule) cost the slave more CPU than the copy it moved off the
+# loop; a catch-up's multi-MiB frames still overlap their write with the next receive
+INLINE_APPEND_BYTES_MAX = 1024 * 1024
 # frame buffers of DATA_FRAME_BYTES_MAX each: one being written, one being received, one
 # spare so that the receiver need not wait for the applier to take its last frame
 FRAME_BUFFERS = 3

@@ -288,7 +288,7 @@ async def test_a_small_frame_is_appended_and_acked_by_the_receiver_and_a_batch_s
             with trio.fail_after(5):
                 await service.wait_for_replicas(result.end_offset)
         assert client.appended_by_receiver == before + 5
-        batch = put(master, 400, body_bytes=1000)
+        batch = put(master, 1200, body_bytes=1000)
         assert batch[-1].end_offset - batch[0].physical_offset > INLINE_APPEND_BYTES_MAX
         service.notify_appended()
         with trio.fail_after(5):
