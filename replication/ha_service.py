@@ -16,18 +16,22 @@ thread, the next one while the one before is sent. A slave that stops acking
 for ``ack_timeout_ms`` is dropped; it reconnects when it can.
 
 Sync puts park in a heap ordered by end offset and are released as acks move the
-replicated offset (see sync_state). One maintenance task keeps the sync-state set: laggards
-out, caught-up slaves in, each change handed first to ``on_sync_state_set_change`` (the
-controller agent persists it in ZooKeeper; a change it refuses is not applied). The confirm
-offset the tracker computes is published to the store (``publish_confirm_offset``) and
-``on_confirm_advanced`` is told.
+replicated offset (see sync_state): a put waits in its own task (wait_for_replicas) or, with
+no task, has its reply called from the task that releases it (wait_for_replicas_then; one
+task times all of those out, in the order they came). One maintenance task keeps the
+sync-state set: laggards out, caught-up slaves in, each change handed first to
+``on_sync_state_set_change`` (the controller agent persists it in ZooKeeper; a change it
+refuses is not applied). The confirm offset the tracker computes is published to the store
+(``publish_confirm_offset``) and ``on_confirm_advanced`` is told.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -112,12 +116,33 @@ class HaServiceStatistics:
 
 
 class _Waiter:
-    __slots__ = ("end_offset", "event", "error")
+    """One put waiting for acks: woken through ``event`` (wait_for_replicas) or answered by
+    ``callback(error)`` (wait_for_replicas_then), once: ``finish`` does either."""
 
-    def __init__(self, end_offset: int) -> None:
+    __slots__ = ("end_offset", "event", "error", "done", "callback", "deadline")
+
+    def __init__(self, end_offset: int, callback: Callable[[ReplicationError | None], None] | None = None,
+                 deadline: float = math.inf) -> None:
         self.end_offset = end_offset
-        self.event = trio.Event()
+        self.event = trio.Event() if callback is None else None
         self.error: ReplicationError | None = None
+        self.done = False
+        self.callback = callback
+        self.deadline = deadline
+
+    def finish(self, error: ReplicationError | None) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.error = error
+        if self.event is not None:
+            self.event.set()
+        else:
+            callback, self.callback = self.callback, None   # what the reply holds goes with it
+            try:
+                callback(error)
+            except Exception:  # a bug in the put's reply: it must not end the task answering it
+                log.exception("a waiting put's reply failed")
 
 
 class HAService:
@@ -142,6 +167,11 @@ class HAService:
         self._sync_state_wake = trio.Event()
         self._waiters: list[tuple[int, int, _Waiter]] = []
         self._sequence = itertools.count()
+        # callback waiters in the order they came, so by deadline (one timeout for all):
+        # timed out by one task (_expire_waiters) instead of a cancel scope per put
+        self._timed: collections.deque[_Waiter] = collections.deque()
+        self._timed_wake = trio.Event()
+        self._expiring = False
         self._sessions: dict[str, trio.CancelScope] = {}
         self._client_addresses: dict[str, str] = {}   # slave node id -> client address (repairs)
         self._fenced: str | None = None
@@ -192,13 +222,62 @@ class HAService:
         timeout_ms = self.settings.slave_timeout_ms if timeout_ms is None else timeout_ms
         with trio.move_on_after(timeout_ms / 1000):
             await waiter.event.wait()
+        if not waiter.done:
+            waiter.finish(self._timeout_error(end_offset, timeout_ms))  # leaves the heap at the next release
         if waiter.error is not None:
             raise waiter.error
-        if not waiter.event.is_set():
-            waiter.error = FlushSlaveTimeout(
-                f"replicas did not acknowledge offset {end_offset} within slave_timeout_ms={timeout_ms}")
-            waiter.event.set()  # leaves the heap at the next release
-            raise waiter.error
+
+    @property
+    def answers_waiting_puts(self) -> bool:
+        """wait_for_replicas_then may be used: the task timing its waiters out runs."""
+        return self._expiring
+
+    def wait_for_replicas_then(self, end_offset: int, callback: Callable[[ReplicationError | None], None]) -> bool:
+        """wait_for_replicas without a task: False when the put is acknowledged already
+        (``callback`` is never called), else True and ``callback(error)`` is called once,
+        later, from the task that learns the outcome (an ack, the timeout after
+        ``slave_timeout_ms``, a shrunk sync-state set, fencing): ``error`` None once enough
+        in-sync replicas hold the log up to ``end_offset``, else what wait_for_replicas would
+        raise. Raises at once what wait_for_replicas raises before waiting. Only while
+        ``answers_waiting_puts``."""
+        self.check_replicas_for_put()
+        if end_offset <= self.tracker.replicated_offset(self.store.max_offset):
+            return False
+        if len(self._waiters) >= WAITERS_MAX:
+            raise FlushSlaveTimeout(f"{WAITERS_MAX} puts already wait for replicas")
+        waiter = _Waiter(end_offset, callback, trio.current_time() + self.settings.slave_timeout_ms / 1000)
+        heapq.heappush(self._waiters, (end_offset, next(self._sequence), waiter))
+        if not self._timed:
+            self._timed_wake.set()
+        self._timed.append(waiter)
+        self.senders.notify_appended()  # as in wait_for_replicas
+        return True
+
+    def _timeout_error(self, end_offset: int, timeout_ms: int) -> FlushSlaveTimeout:
+        return FlushSlaveTimeout(
+            f"replicas did not acknowledge offset {end_offset} within slave_timeout_ms={timeout_ms}")
+
+    async def _expire_waiters(self) -> None:
+        """Fail each callback waiter still waiting at its deadline: one sleep until the
+        oldest one's deadline (all share one timeout, so the oldest is due first)."""
+        timed = self._timed
+        self._expiring = True
+        try:
+            while True:
+                while timed and timed[0].done:
+                    timed.popleft()
+                if not timed:
+                    self._timed_wake = trio.Event()
+                    await self._timed_wake.wait()
+                    continue
+                await trio.sleep_until(timed[0].deadline)
+                now = trio.current_time()
+                while timed and (timed[0].done or timed[0].deadline <= now):
+                    waiter = timed.popleft()
+                    waiter.finish(self._timeout_error(waiter.end_offset, self.settings.slave_timeout_ms))
+                self._release_waiters()  # the heap lets go of them
+        finally:
+            self._expiring = False
 
     def fence(self, reason: str) -> None:
         """Acknowledge nothing from now on; every waiting put fails (ReplicationFenced)."""
@@ -220,16 +299,13 @@ class HAService:
     def _release_waiters(self) -> None:
         replicated = self.tracker.replicated_offset(self.store.max_offset)
         waiters = self._waiters
-        while waiters and (waiters[0][0] <= replicated or waiters[0][2].event.is_set()):
-            waiter = heapq.heappop(waiters)[2]
-            waiter.event.set()
+        while waiters and (waiters[0][0] <= replicated or waiters[0][2].done):
+            heapq.heappop(waiters)[2].finish(None)
 
     def _fail_waiters(self, error: ReplicationError) -> None:
         waiters, self._waiters = self._waiters, []
-        for _, _, waiter in waiters:
-            if not waiter.event.is_set():
-                waiter.error = error
-                waiter.event.set()
+        for _, _, waiter in sorted(waiters):   # in the order of their offsets
+            waiter.finish(error)
 
     # --- serving -------------------------------------------------------------------------
     async def serve(self, listeners: list, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -239,6 +315,7 @@ class HAService:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._maintain_sync_state_set)
+                nursery.start_soon(self._expire_waiters)
                 for listener in listeners:
                     nursery.start_soon(self._accept, listener, nursery)
                 task_status.started(self)

@@ -6,12 +6,13 @@ order. Replies the handlers give at once (a send under async flush and replicati
 queries, status) are joined per read and written by the reader itself when no other
 write is under way, so a request's reply leaves before the reader does anything else;
 when a write is under way they go to the connection's writer task, which joins whatever
-is queued into one write. Replies that take time (long polls, sync flush, sync
-replication) run as tasks of the connection's nursery, bounded by
-``in_flight_requests_max``, and write the same way. Replies carry their request's opaque
-and may leave in any order. A broken frame gets an error reply, written after every reply
-queued before it, and the connection closes; a peer that vanishes only ends its own
-connection. Before a reader waits for its next request through trio, it busy-polls its
+is queued into one write. Replies that take time (long polls, sync flush) run as tasks
+of the connection's nursery, bounded by ``in_flight_requests_max``, and write the same
+way; a put waiting for sync replication alone has no task: the HA service calls its reply
+from the task that learns the outcome, which writes it when the connection is idle (under
+the same bound). Replies carry their request's opaque and may leave in any order. A
+broken frame gets an error reply, written after every reply queued before it, and the
+connection closes; a peer that vanishes only ends its own connection. Before a reader waits for its next request through trio, it busy-polls its
 socket for up to ``busy_poll_us`` while nothing else needs the loop (busy_poll.py).
 
 Bounds (client_limits.py): every reply built and not yet written, and every partial
@@ -39,6 +40,7 @@ from .client_limits import ClientLimits, ClientLimitsStatistics, ConnectionCount
 from .config import NodeConfig
 from ..errors import FrameError
 from .handlers import RequestHandlers
+from .put_waits import PendingReply
 from .metrics import NodeMetrics
 from ..wire.protocol import FrameDecoder, RequestCode, ResponseCode
 from ..wire.socket_io import receive_some, write_now
@@ -138,17 +140,24 @@ class ClientServer:
         async with trio.open_nursery() as connection:
             connection.start_soon(writer.run, connection.cancel_scope)
             async with trio.open_nursery() as deferred:
-                ending = await self._read_requests(stream, decoder, early_frames, writer, in_flight, deferred,
-                                                   state)
-                if ending == "gone":
-                    connection.cancel_scope.cancel()
-                elif ending == "broken":
-                    deferred.cancel_scope.cancel()  # the error reply goes out, then the connection closes
+                pending = _PendingReplies(self.limits, writer, in_flight, state, deferred)
+                try:
+                    ending = await self._read_requests(stream, decoder, early_frames, writer, in_flight, deferred,
+                                                       state, pending)
+                    if ending == "gone":
+                        connection.cancel_scope.cancel()
+                    elif ending == "broken":
+                        deferred.cancel_scope.cancel()  # the error reply goes out, then the connection closes
+                    else:
+                        await pending.drained()
+                finally:
+                    pending.close()   # replies still to come (cancelled, gone, broken) are dropped
             # "eof": the peer half-closed; the writer ends once every deferred reply is sent
             writer.close()
 
     async def _read_requests(self, stream, decoder: FrameDecoder, frames: list, writer: ReplyWriter,
-                             in_flight: trio.Semaphore, deferred: trio.Nursery, state: ConnectionState) -> str:
+                             in_flight: trio.Semaphore, deferred: trio.Nursery, state: ConnectionState,
+                             pending: _PendingReplies) -> str:
         """Hand frames to the handlers until the peer closes ("eof"), vanishes ("gone") or
         breaks the framing ("broken"). While the connection holds more reply bytes than its
         bound (its client does not read), no further frame is handed over."""
@@ -185,7 +194,10 @@ class ClientServer:
                         in_flight.acquire_nowait()
                     except trio.WouldBlock:
                         await in_flight.acquire()
-                    deferred.start_soon(self._run_deferred, outcome, writer, in_flight, state)
+                    if type(outcome) is PendingReply:   # answered by a callback: no task
+                        pending.start(outcome)
+                    else:
+                        deferred.start_soon(self._run_deferred, outcome, writer, in_flight, state)
             try:
                 if replies:   # no further request is read until the client takes these
                     await self._write_replies(writer, replies, limits.count_pause)
@@ -277,6 +289,65 @@ class ClientServer:
         return frames[1:]
 
 
+class _PendingReplies:
+    """One connection's replies that arrive by callback (PendingReply: a sync put waiting for
+    its replicas, no task of its own). Each holds an in-flight place until answered. The
+    task that answers writes the reply when the connection is idle and under its bound;
+    otherwise a task of the connection's deferred nursery writes it, as ``_run_deferred``
+    does. Once closed (the connection ends), replies still to come are dropped."""
+
+    def __init__(self, limits: ClientLimits, writer: ReplyWriter, in_flight: trio.Semaphore,
+                 state: ConnectionState, nursery: trio.Nursery) -> None:
+        self._limits = limits
+        self._writer = writer
+        self._in_flight = in_flight
+        self._state = state
+        self._nursery = nursery
+        self._waiting = 0
+        self._closed = False
+        self._drained: trio.Event | None = None
+
+    def start(self, outcome: PendingReply) -> None:
+        """Wait for ``outcome``'s reply; its in-flight place is taken already."""
+        self._waiting += 1
+        self._state.in_progress += 1
+        outcome.start(self._deliver)
+
+    def _deliver(self, reply: dict) -> None:
+        self._waiting -= 1
+        self._state.in_progress -= 1
+        self._in_flight.release()
+        if self._waiting == 0 and self._drained is not None:
+            self._drained.set()
+        if self._closed:
+            return
+        encoded = _encode_reply(reply)
+        limits, state = self._limits, self._state
+        limits.hold(state, len(encoded))
+        try:
+            if not limits.over_bound(state, own_bytes=len(encoded)) and self._writer.write_nowait(encoded):
+                return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return   # the reader sees the peer gone too and ends the connection
+        self._nursery.start_soon(self._write, encoded)
+
+    async def _write(self, encoded: bytes) -> None:
+        try:
+            await self._limits.wait_for_room(self._state, own_bytes=len(encoded))
+            await self._writer.write(encoded)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def drained(self) -> None:
+        """Until every reply started here is answered."""
+        while self._waiting:
+            self._drained = trio.Event()
+            await self._drained.wait()
+
+    def close(self) -> None:
+        self._closed = True
+
+
 class ReplyWriter:
     """Writes one connection's replies: at once from the task that has them while the
     stream is idle (straight to the socket when it takes the whole reply), else through a
@@ -293,6 +364,7 @@ class ReplyWriter:
         self._limits = limits
         self._state = state
         self._torn = False
+        self._queued = 0   # replies queued and not yet taken by ``run`` under the lock
 
     def busy(self) -> bool:
         """A write is under way or queued (a notice written now could cut into a reply)."""
@@ -313,8 +385,8 @@ class ReplyWriter:
         is full). BrokenResourceError / ClosedResourceError once the peer is gone.
         ``on_wait()`` is called when the write must wait for the peer: the socket did not
         take it whole at once (a stream that is not a socket never says)."""
-        if self._writing.locked():
-            await self._queue_in.send(data)
+        if self._writing.locked() or self._queued:
+            await self._queue(data)
             return
         # acquire_nowait rather than ``async with``, and the socket tried directly: no
         # scheduling point before the write, so the reply leaves before anything else
@@ -335,9 +407,37 @@ class ReplyWriter:
         finally:
             self._writing.release()
 
+    def write_nowait(self, data: bytes) -> bool:
+        """``write`` with no scheduling point, from any task: False (nothing written) when
+        a write is under way or queued; else the socket takes what it takes at once and the
+        rest is queued for ``run`` (ahead of any later reply)."""
+        if self._writing.locked() or self._queued:
+            return False
+        self._writing.acquire_nowait()
+        try:
+            sent = write_now(self.stream, data)
+            if sent < len(data):
+                self._queue_in.send_nowait(memoryview(data)[sent:] if sent else data)   # room: nothing queued
+                self._queued += 1
+            if sent:
+                self._written(sent)
+        finally:
+            self._writing.release()
+        return True
+
     async def write_last(self, data: bytes) -> None:
         """Queue ``data`` behind every reply queued so far (the error before a close)."""
-        await self._queue_in.send(data)
+        await self._queue(data)
+
+    async def _queue(self, data: bytes) -> None:
+        # counted before it is in the queue, so no write starts ahead of it meanwhile (a
+        # reply written in part by write_nowait must not have another queued between its parts)
+        self._queued += 1
+        try:
+            await self._queue_in.send(data)
+        except BaseException:
+            self._queued -= 1
+            raise
 
     def close(self) -> None:
         """No more replies: ``run`` ends once the queue is written."""
@@ -355,8 +455,9 @@ class ReplyWriter:
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
                     data = batch[0] if len(batch) == 1 else b"".join(batch)
-                    del batch
                     async with self._writing:
+                        self._queued -= len(batch)
+                        del batch
                         try:
                             await self.stream.send_all(data)
                         except BaseException:

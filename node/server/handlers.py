@@ -33,6 +33,7 @@ from .message_forms import (BODY_AND_PROPERTIES, check_message_columns, message_
                             plain_properties)
 from .metrics import NodeMetrics
 from .pull_waiters import PullWaiters
+from .put_waits import REPLICA_FAILURE_REASONS, ROLE_FAILURE, PendingReply, when_replicated
 from ..wire.protocol import Fields, RequestCode
 from .role import RoleMachine
 from .sys_config import SysConfig
@@ -133,6 +134,9 @@ class RequestHandlers:
         except Exception as error:  # a bug: answer it, log it, keep serving everyone else
             log.exception("request %s failed", request_code.name)
             return self._error(opaque, "SYSTEM_ERROR", f"{type(error).__name__}: {error}", request_code)
+        if type(outcome) is PendingReply:
+            outcome.bind(self, opaque, request_code)
+            return outcome
         if callable(outcome):
             return self._guard(opaque, request_code, outcome)
         self._count(request_code.name, "SUCCESS")
@@ -142,16 +146,20 @@ class RequestHandlers:
         async def run() -> dict:
             try:
                 fields = await deferred()
-            except RequestError as error:
-                return self._error(opaque, error.code, error.message, request_code, error)
-            except StoreError as error:
-                return self._error(opaque, "SERVICE_NOT_AVAILABLE", str(error), request_code)
             except Exception as error:
-                log.exception("request %s failed", request_code.name)
-                return self._error(opaque, "SYSTEM_ERROR", f"{type(error).__name__}: {error}", request_code)
+                return self._failed(opaque, request_code, error)
             self._count(request_code.name, "SUCCESS")
             return protocol.reply(opaque, **fields)
         return run
+
+    def _failed(self, opaque: int, request_code: RequestCode, error: Exception) -> dict:
+        """The reply to a request whose deferred part raised ``error``."""
+        if isinstance(error, RequestError):
+            return self._error(opaque, error.code, error.message, request_code, error)
+        if isinstance(error, StoreError):
+            return self._error(opaque, "SERVICE_NOT_AVAILABLE", str(error), request_code)
+        log.error("request %s failed", request_code.name, exc_info=error)
+        return self._error(opaque, "SYSTEM_ERROR", f"{type(error).__name__}: {error}", request_code)
 
     def _count(self, request: str, response: str) -> None:
         self._tally.count_request(request, response)
@@ -215,13 +223,20 @@ class RequestHandlers:
             return self._wait_then_reply(queue_ids, results, started, replicas, self.role.state.epoch, columns)
         return self._send_reply(queue_ids, results, started, None, columns)
 
-    def _wait_then_reply(self, queue_ids, results, started: float, replicas, epoch: int, columns: bool) -> Deferred:
+    def _wait_then_reply(self, queue_ids, results, started: float, replicas, epoch: int,
+                         columns: bool) -> dict | Deferred | PendingReply:
         """The reply once the disk (sync flush) and the replicas (sync replication) hold the
         batch, at once and together; the first failure that applies becomes every written
         message's status. A node that lost its role or was fenced meanwhile acks nothing."""
         end = max((r.end_offset for r in results if r.status is PutStatus.PUT_OK), default=0)
-        return self._when_durable(end, replicas, epoch,
-                                  lambda failure: self._send_reply(queue_ids, results, started, failure, columns))
+
+        def reply(failure: tuple[PutStatus, str] | None) -> dict:
+            return self._send_reply(queue_ids, results, started, failure, columns)
+        if end and replicas is not None and not self._sync_flush and replicas.sync_replication:
+            service = replicas.ha_service
+            if service is not None and service.answers_waiting_puts:
+                return when_replicated(end, service, replicas, epoch, reply)
+        return self._when_durable(end, replicas, epoch, reply)
 
     def _when_durable(self, end: int, replicas, epoch: int,
                       reply: Callable[[tuple[PutStatus, str] | None], dict]) -> Deferred:
@@ -240,7 +255,7 @@ class RequestHandlers:
                 async def replication() -> None:
                     status = await replicas.wait_for_replicas(end) if replicas is not None else None
                     if status is not None:
-                        failures["replicas"] = (PutStatus(status), _REPLICA_FAILURE_REASONS[status])
+                        failures["replicas"] = (PutStatus(status), REPLICA_FAILURE_REASONS[status])
 
                 if not self._sync_flush:
                     await replication()  # one wait: no nursery and no task of its own per put
@@ -249,8 +264,7 @@ class RequestHandlers:
                         nursery.start_soon(disk)
                         nursery.start_soon(replication)
             if replicas is not None and end and not replicas.may_ack(epoch):
-                failures["role"] = (PutStatus.SERVICE_NOT_AVAILABLE, "the node stopped being master in this epoch "
-                                    "(or was fenced) before the put was acknowledged; it may or may not survive")
+                failures["role"] = ROLE_FAILURE
             failure = failures.get("role") or failures.get("replicas") or failures.get("disk")
             return reply(failure)
         return wait
@@ -552,14 +566,6 @@ _PUT_OK = PutStatus.PUT_OK  # a module global: enum member lookups through the c
 # a PutResult's fields, read by C-level maps over a batch's results
 _STATUS, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _MESSAGE_ID, _WROTE_BYTES = (
     attrgetter(name) for name in ("status", "queue_offset", "physical_offset", "message_id", "wrote_bytes"))
-_REPLICA_FAILURE_REASONS = {
-    "FLUSH_SLAVE_TIMEOUT": "written on the master, not acknowledged by enough in-sync replicas within "
-                           "slave_timeout_ms; it may or may not survive a failover",
-    "IN_SYNC_REPLICAS_NOT_ENOUGH": "written on the master, but the sync-state set shrank below "
-                                   "min_in_sync_replicas; it may or may not survive a failover",
-    "SERVICE_NOT_AVAILABLE": "written on the master, which was fenced or stepped down before enough replicas "
-                             "acknowledged it; it may or may not survive",
-}
 
 
 def _topic_change(topic: str, queue_count: int) -> dict:
