@@ -123,10 +123,6 @@ def _rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     return sliding_window_view(data, width)[at]
 
 
-def _big_endian_i32(rows: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(rows).view(">i4").reshape(len(rows)).astype(np.int64)
-
-
 def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, layout) -> np.ndarray:
     """Per record (whose lengths hold; ``layout``: their RecordLayout): whether its CRCs hold,
     as ``check_record`` says."""
