@@ -79,6 +79,8 @@ assert codec.PROPERTY_SEPARATOR == "\x02" and codec.NAME_VALUE_SEPARATOR == "\x0
 assert (codec.PROPERTY_KEYS, codec.PROPERTY_TAGS, codec.PROPERTY_UNIQ_KEY) == ("KEYS", "TAGS", "UNIQ_KEY")
 
 _EMPTY = np.zeros(0, np.int64)
+# np.dtype((np.void, width)) per width, built once (``_windows`` runs a few times a pass)
+_VOID_DTYPES: dict[int, np.dtype] = {}
 # Working arrays up to this size are kept from pass to pass (see DispatchParser).
 _SCRATCH_BYTES_MAX = 32 * 1024 * 1024
 
@@ -369,7 +371,12 @@ def _span_hashes(tails: np.ndarray, span, prefix: np.uint64) -> np.ndarray:
 def _one_topic_runs(topic: str, queue_ids: np.ndarray, queue_offsets: np.ndarray,
                     entries: np.ndarray) -> list[QueueRun]:
     """``_queue_runs`` of records of one topic."""
-    order = np.argsort(queue_ids, kind="stable")              # stable: log order within a queue
+    ids, offsets = queue_ids.tolist(), queue_offsets.tolist()
+    first_offset = offsets[0]
+    if ids.count(ids[0]) == len(ids) and offsets == list(range(first_offset, first_offset + len(offsets))):
+        # one queue's consecutive offsets (a put batch goes to one queue): one run, in log order
+        return [((topic, ids[0]), first_offset, entries.tobytes())]
+    order = queue_ids.argsort(kind="stable")              # stable: log order within a queue
     queue_ids, queue_offsets = queue_ids[order], queue_offsets[order]
     breaks = (queue_ids[1:] != queue_ids[:-1]) | (queue_offsets[1:] != queue_offsets[:-1] + 1)
     bounds = [0, *(np.flatnonzero(breaks) + 1).tolist(), len(order)]
@@ -383,7 +390,10 @@ def _windows(buffer: np.ndarray, width: int) -> np.ndarray:
     """``buffer`` seen as one ``width``-byte item per starting byte: item i is
     ``buffer[i:i + width]``. Indexing it with an array copies whole windows at a time,
     several times faster than the same through ``sliding_window_view``."""
-    return np.ndarray((len(buffer) - width + 1,), np.dtype((np.void, width)), buffer=buffer, strides=(1,))
+    dtype = _VOID_DTYPES.get(width)
+    if dtype is None:
+        dtype = _VOID_DTYPES[width] = np.dtype((np.void, width))
+    return np.ndarray((len(buffer) - width + 1,), dtype, buffer=buffer, strides=(1,))
 
 
 def _rows(buffer: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
