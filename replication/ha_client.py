@@ -299,6 +299,11 @@ class HAClient:
                         waited.deadline = math.inf  # outside the read timeout: the disk may be slow
                         buffer = await free_buffers.receive()
                 waited.deadline = trio.current_time() + timeout_s
+                if unacked and reader.buffered_bytes < protocol.DATA_HEADER.size:
+                    # an ack deferred for a next header that was a CONFIRM or a heartbeat:
+                    # no data frame follows to carry it, so it goes before the socket wait
+                    await self._send_ack(stream)
+                    unacked = 0
                 header = protocol.parse_data_header(await reader.exactly(protocol.DATA_HEADER.size))
                 data = buffer[:header.size]
                 await reader.exactly_into(data)
