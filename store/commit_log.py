@@ -310,10 +310,6 @@ class CommitLog:
         with self._write_lock:
             if offset != self.max_offset:
                 raise StoreError(f"append at {offset} but the commit log ends at {self.max_offset}")
-            if positions:
-                last = positions[-1]
-                run_end = offset + last + codec.BLANK_HEADER.unpack_from(view, last)[0]
-                self.written_runs.add(list(map(add, positions, repeat(offset))), run_end)
             written = 0
             while written < len(view):
                 segment = self._writable_segment()
@@ -322,6 +318,14 @@ class CommitLog:
                 segment.write(position, view[written:written + step])
                 written += step
                 self.max_offset += step
+            # kept only once written: a write that failed (no room for the next segment, a
+            # full disk) must leave no run behind for other bytes later written at ``offset``.
+            # A dispatcher that ran meanwhile walked these records itself; a run it has
+            # passed is dropped by ``take``.
+            if positions:
+                last = positions[-1]
+                run_end = offset + last + codec.BLANK_HEADER.unpack_from(view, last)[0]
+                self.written_runs.add(list(map(add, positions, repeat(offset))), run_end)
             self.segments.populate_ahead(self.max_offset)
 
     # --- flushing ------------------------------------------------------------------------

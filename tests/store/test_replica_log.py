@@ -308,3 +308,29 @@ def test_replica_operations_need_a_running_store(tmp_path):
                       lambda: replica.reset(0), replica.catch_up_for_writes):
         with pytest.raises(StoreClosedError):
             operation()
+
+
+def test_a_failed_append_leaves_no_record_positions_for_other_bytes_written_there(open_store, monkeypatch):
+    """A replicated chunk's record positions are kept for the dispatcher only once its bytes
+    are written: a write that failed (here, no room for a segment) must not leave them to be
+    taken for different bytes appended at the same offset later (a promotion, a new master)."""
+    first_master, second_master, slave = open_store(), open_store(), open_store()
+    fill(first_master, 5, body_bytes=700)
+    fill(second_master, 9, body_bytes=300, topic="u")
+    lost = first_master.replica_log.read(0, 1 << 20)
+    kept = second_master.replica_log.read(0, 1 << 20)
+    assert second_master.wait_dispatched()
+
+    def no_room():
+        raise StoreError("no room for the next segment")
+    with monkeypatch.context() as patch:
+        patch.setattr(slave.commit_log, "_writable_segment", no_room)
+        with pytest.raises(StoreError, match="no room"):
+            slave.replica_log.append(0, lost)
+    assert slave.max_physical_offset == 0
+    slave.replica_log.append(0, kept)
+    assert slave.wait_dispatched()
+    got = pull_all(slave, "u", 0, 0) + pull_all(slave, "u", 1, 0) + pull_all(slave, "u", 2, 0)
+    assert sorted(m.physical_offset for m in got) == \
+        sorted(m.physical_offset for q in range(3) for m in pull_all(second_master, "u", q, 0))
+    assert slave.topics().keys() == {"u"}
