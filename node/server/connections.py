@@ -324,6 +324,8 @@ class _PendingReplies:
         encoded = _encode_reply(reply)
         limits, state = self._limits, self._state
         limits.hold(state, len(encoded))
+        if state.closed_reason is not None:
+            return   # closed (by this hold, perhaps: over the total bound): its notice goes instead
         try:
             if not limits.over_bound(state, own_bytes=len(encoded)) and self._writer.write_nowait(encoded):
                 return
@@ -365,15 +367,16 @@ class ReplyWriter:
         self._state = state
         self._torn = False
         self._queued = 0   # replies queued and not yet taken by ``run`` under the lock
+        self._rest_queued = False   # write_nowait wrote part of a reply and queued the rest
 
     def busy(self) -> bool:
         """A write is under way or queued (a notice written now could cut into a reply)."""
-        return self._writing.locked() or self._queue_out.statistics().current_buffer_used > 0
+        return self._writing.locked() or self._queued > 0
 
     def torn(self) -> bool:
-        """A write stopped part way (cancelled or failed): the stream may end inside a reply,
-        so nothing more may be written to it."""
-        return self._torn
+        """A write stopped part way (cancelled or failed), or the rest of a reply waits for
+        ``run``: the stream may end inside a reply, so nothing else may be written to it."""
+        return self._torn or self._rest_queued
 
     def _written(self, count: int) -> None:
         if self._limits is not None:
@@ -419,6 +422,7 @@ class ReplyWriter:
             if sent < len(data):
                 self._queue_in.send_nowait(memoryview(data)[sent:] if sent else data)   # room: nothing queued
                 self._queued += 1
+                self._rest_queued = bool(sent)
             if sent:
                 self._written(sent)
         finally:
@@ -463,6 +467,7 @@ class ReplyWriter:
                         except BaseException:
                             self._torn = True
                             raise
+                        self._rest_queued = False   # a queued rest is first in the queue: sent
                     self._written(len(data))
                     del data
             except (trio.BrokenResourceError, trio.ClosedResourceError):
