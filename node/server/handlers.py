@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from operator import attrgetter
 from dataclasses import asdict, dataclass
+from itertools import cycle, islice
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 import trio
@@ -228,10 +228,17 @@ class RequestHandlers:
         """The reply once the disk (sync flush) and the replicas (sync replication) hold the
         batch, at once and together; the first failure that applies becomes every written
         message's status. A node that lost its role or was fenced meanwhile acks nothing."""
-        end = max((r.end_offset for r in results if r.status is PutStatus.PUT_OK), default=0)
+        transposed = tuple(zip(*results))  # a tuple per PutResult field, in C: no frame per result
+        status_column, physical_offsets, _, _, _, wrote_bytes, _ = transposed
+        if status_column.count(_PUT_OK) == len(results):
+            # records do not overlap: the one that starts last ends last
+            last = physical_offsets.index(max(physical_offsets))
+            end = physical_offsets[last] + wrote_bytes[last]
+        else:
+            end = max((r.end_offset for r in results if r.status is _PUT_OK), default=0)
 
         def reply(failure: tuple[PutStatus, str] | None) -> dict:
-            return self._send_reply(queue_ids, results, started, failure, columns)
+            return self._send_reply(queue_ids, results, started, failure, columns, transposed)
         if end and replicas is not None and not self._sync_flush and replicas.sync_replication:
             service = replicas.ha_service
             if service is not None and service.answers_waiting_puts:
@@ -270,31 +277,34 @@ class RequestHandlers:
         return wait
 
     def _send_reply(self, queue_ids: list[int], results, started: float, failure: tuple[PutStatus, str] | None,
-                    columns: bool = False) -> dict:
+                    columns: bool = False, transposed: tuple | None = None) -> dict:
         """Per-message results, as one map each (``results``) or, when the request asked for
         ``result_columns``, as one list per field (status, queue_id, queue_offset,
         physical_offset, message_id, reason; reason "" for a message without one): a few
         lists instead of a map per message, on both ends. ``failure`` replaces PUT_OK for
-        every written message."""
-        statuses, reasons = self._statuses(results, started, failure)
+        every written message. ``transposed``: ``tuple(zip(*results))`` when the caller has it."""
+        # the results transposed in one C-level pass: a tuple per PutResult field
+        (status_column, physical_offsets, queue_offsets, message_ids, _, wrote_bytes,
+         _) = transposed or zip(*results)
+        statuses, reasons = self._statuses(results, status_column, wrote_bytes, started, failure)
         if columns:
             return {"result_columns": {
-                "status": statuses, "queue_id": queue_ids, "queue_offset": list(map(_QUEUE_OFFSET, results)),
-                "physical_offset": list(map(_PHYSICAL_OFFSET, results)),
-                "message_id": list(map(_MESSAGE_ID, results)), "reason": reasons}}
+                "status": statuses, "queue_id": queue_ids, "queue_offset": list(queue_offsets),
+                "physical_offset": list(physical_offsets), "message_id": list(message_ids), "reason": reasons}}
         return {"results": [
             {"status": status, "queue_id": queue_id, "queue_offset": result.queue_offset,
              "physical_offset": result.physical_offset, "message_id": result.message_id,
              **({"reason": reason} if reason else {})}
             for status, queue_id, result, reason in zip(statuses, queue_ids, results, reasons)]}
 
-    def _statuses(self, results, started: float, failure: tuple[PutStatus, str] | None) -> tuple[list, list]:
+    def _statuses(self, results, status_column: tuple, wrote_bytes: tuple, started: float,
+                  failure: tuple[PutStatus, str] | None) -> tuple[list, list]:
         """Each result's status name and reason ("" for none) after ``failure``, with the
-        puts counted."""
+        puts counted. ``status_column``, ``wrote_bytes``: those fields of every result."""
         count = len(results)
-        # list.count compares by identity first: no Enum.__hash__ (Python code) per result
-        if failure is None and list(map(_STATUS, results)).count(_PUT_OK) == count:
-            self._count_puts(count, sum(map(_WROTE_BYTES, results)), 0, started)
+        # tuple.count compares by identity first: no Enum.__hash__ (Python code) per result
+        if failure is None and status_column.count(_PUT_OK) == count:
+            self._count_puts(count, sum(wrote_bytes), 0, started)
             return ["PUT_OK"] * count, [""] * count
         statuses, reasons = [], []
         ok_count = ok_bytes = 0
@@ -345,7 +355,8 @@ class RequestHandlers:
         """The write queues of the topic's next ``count`` messages, round robin."""
         first = self._round_robin.get(topic, 0)
         self._round_robin[topic] = (first + count - 1) % queue_count + 1
-        return [queue_id % queue_count for queue_id in range(first, first + count)]
+        start = first % queue_count
+        return list(islice(cycle(range(queue_count)), start, start + count))  # no Python frame per message
 
     def _message(self, topic: str, raw: object, index: int, queue_count: int) -> Message:
         if not isinstance(raw, dict):
@@ -563,9 +574,6 @@ class RequestHandlers:
 
 
 _PUT_OK = PutStatus.PUT_OK  # a module global: enum member lookups through the class cost on the hot path
-# a PutResult's fields, read by C-level maps over a batch's results
-_STATUS, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _MESSAGE_ID, _WROTE_BYTES = (
-    attrgetter(name) for name in ("status", "queue_offset", "physical_offset", "message_id", "wrote_bytes"))
 
 
 def _topic_change(topic: str, queue_count: int) -> dict:
