@@ -8,11 +8,7 @@ import pytest
 
 from node.cluster.cli import LocalCluster, topology_from_mapping
 
-SMALL_STORE = {"commitlog_segment_bytes": 1 << 20, "consume_queue_entries_per_file": 4096,
-               "index_hash_slots": 1024, "index_max_entries": 8192}
-# Short sessions keep each round to a few seconds: a dead master is noticed after ~1.5 s.
-DRILL_TOPOLOGY = {"cluster": "drill", "store": SMALL_STORE, "startup_timeout_s": 30,
-                  "controller": {"session_timeout_ms": 1500, "zookeeper": {"tick_ms": 250}}}
+from chaos_helpers import DRILL_TOPOLOGY
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -7,7 +7,7 @@ without crashing (its handshake cuts its divergent tail)."""
 from __future__ import annotations
 
 import pytest
-from conftest import DRILL_TOPOLOGY
+from chaos_helpers import DRILL_TOPOLOGY
 
 from chaos.run import RunSettings, run_chaos
 from chaos.workload import LoadSettings

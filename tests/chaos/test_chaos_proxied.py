@@ -22,7 +22,7 @@ from node.cluster import LocalCluster, proxies, topology_from_mapping
 from node.errors import NodeConfigError
 from node.server.config import config_from_mapping
 
-from conftest import DRILL_TOPOLOGY
+from chaos_helpers import DRILL_TOPOLOGY
 
 
 def test_the_plan_names_a_proxy_per_link_and_routes_each_node_through_its_own():

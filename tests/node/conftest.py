@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import pytest
 import trio
-import trio.testing
 
-from node.client import connect_stream
 from node.server.config import NodeConfig
-from node.server.handlers import RequestHandlers
-from node.server.metrics import NodeMetrics
 from node.server.node import serve_node
-from node.server.role import Role, RoleMachine
-from node.server.connections import ClientServer
-from node.server.sys_config import SysConfig
-from store import MessageStore
 
-from node_helpers import SMALL_STORE, small_config
+from node_helpers import SMALL_STORE, MemoryNode, small_config
 
 
 @pytest.fixture
@@ -32,42 +24,6 @@ async def node(config):
         running = await nursery.start(serve_node, config)
         yield running
         nursery.cancel_scope.cancel()
-
-
-class MemoryNode:
-    """The node's parts over a real store, served on in-memory streams."""
-
-    def __init__(self, config: NodeConfig) -> None:
-        self.config = config
-        self.store = MessageStore(config.store_config())
-        self.store.start()
-        self.sys_config = SysConfig(self.store)
-        self.sys_config.replay()
-        self.role = RoleMachine(Role.MASTER, 0, "127.0.0.1:10911")
-        self.metrics = NodeMetrics(config.node_id)
-        self.handlers = RequestHandlers(config, self.store, self.role, self.sys_config, self.metrics)
-        self.server = ClientServer(config, self.handlers, self.metrics)
-
-    def wire_dispatcher(self) -> None:
-        token = trio.lowlevel.current_trio_token()
-
-        def on_dispatch(_offset, grown):
-            try:
-                token.run_sync_soon(self.handlers.waiters.notify, grown)
-            except trio.RunFinishedError:
-                pass
-        self.store.add_dispatch_listener(on_dispatch)
-
-    async def connect(self, nursery: trio.Nursery, secret: str | None = None):
-        client_end, server_end = trio.testing.memory_stream_pair()
-        nursery.start_soon(self.server.handle_connection, server_end)
-        return await connect_stream(client_end, "memory", nursery, secret=secret)
-
-    def raw(self, nursery: trio.Nursery):
-        """A raw client stream end whose server end is being served."""
-        client_end, server_end = trio.testing.memory_stream_pair()
-        nursery.start_soon(self.server.handle_connection, server_end)
-        return client_end
 
 
 @pytest.fixture

@@ -10,14 +10,13 @@ import pytest
 import trio
 import trio.testing
 
-from conftest import MemoryNode
 from node.errors import UnsentError
 from node.server.client_limits import NEW_GRACE_S, SHED_IDLE_S
 from node.wire import protocol
 from node.wire.protocol import FrameDecoder, RequestCode
 from store import Message
 
-from node_helpers import small_config
+from node_helpers import MemoryNode, small_config
 
 pytestmark = pytest.mark.trio
 
