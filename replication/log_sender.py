@@ -22,6 +22,12 @@ next one while the one before is sent), a CONFIRM frame when the confirm offset 
 ``IDLE_POLL_MS`` without data frames), and a heartbeat after
 ``heartbeat_interval_ms`` without a frame. A parked task also looks at the log every
 ``IDLE_POLL_MS``, for a writer that did not call ``notify_appended``.
+
+Senders at the same offset share a frame: the last one read on the trio thread (its CRC
+taken once) is served again to a sender asking at the same offset with the same bound
+while the log's end has not moved, as with two caught-up slaves (a master's log is only
+appended to within a term; a cut makes a new LogSenders). A frame, its header and a
+CONFIRM before it go in one ``writev``, not concatenated first.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from .epochs import EpochEntry, next_epoch_start
 from .errors import HaProtocolError
 from .store_protocol import ReplicaStore
 from .sync_state import ReplicaProgress
-from .transport import send_now, write_now
+from .transport import send_now, writev_now
 
 INLINE_READ_BYTES_MAX = 256 * 1024    # smaller frames are read and checksummed inline, larger in a thread
 COALESCE_SEND_BYTES_MAX = 64 * 1024   # header and bytes in one write below this
@@ -71,6 +77,9 @@ class LogSenders:
         self._parked: dict[_Sender, None] = {}   # tasks waiting on their ``wake``, in park order
         self.direct_sends = 0    # frames a put wrote itself
         self.task_wakes = 0      # parked tasks woken for the log (not their idle poll)
+        self.frames_built = 0    # frames read and checksummed on the trio thread (``_frame``)
+        self.frames_shared = 0   # frames ``_frame`` served again to another sender
+        self._last_frame: tuple[tuple[int, int, int], tuple[bytes, memoryview]] | None = None
 
     @property
     def parked(self) -> int:
@@ -92,18 +101,19 @@ class LogSenders:
             return
         if sender.direct and behind <= DIRECT_SEND_BYTES_MAX:
             try:
-                header, data = self.read_frame(offset, self.frame_limit(offset))
+                header, data = self._frame(offset)
                 # before the write: an ack past sent_offset is a protocol error
                 sender.replica.sent_offset = sender.offset = offset + len(data)
-                frame = self._confirm_frame(sender) + header + data
-                sent = write_now(sender.stream, frame)
+                confirm = self._confirm_frame(sender)
+                parts = (confirm, header, data) if confirm else (header, data)
+                sent = writev_now(sender.stream, parts)
             except Exception as error:   # the task raises it, in its session
                 sender.error = error
             else:
                 sender.heartbeat_due = trio.current_time() + self.heartbeat_s
                 self.direct_sends += 1
-                if sent < len(frame):
-                    sender.pending = memoryview(frame)[sent:]
+                if sent < len(confirm) + len(header) + len(data):
+                    sender.pending = _unsent(parts, sent)
                 elif sender.offset >= store.max_offset:
                     return   # sent whole and caught up: the task stays parked
         self.task_wakes += 1
@@ -181,7 +191,7 @@ class LogSenders:
             else:
                 if not parked:
                     await trio.lowlevel.checkpoint()  # still behind after a send: let the loop run
-                header, data = self.read_frame(offset, self.frame_limit(offset))
+                header, data = self._frame(offset)
             # before the send: the slave can apply and ack these bytes before the send
             # returns here, and an ack past sent_offset is a protocol error
             sender.replica.sent_offset = sender.offset = offset = offset + len(data)
@@ -205,10 +215,27 @@ class LogSenders:
     async def _send_frame(stream, header: bytes, data: memoryview) -> None:
         """``header`` (a CONFIRM frame may lead it) and ``data``, in one write when small."""
         if len(data) <= COALESCE_SEND_BYTES_MAX:
-            await send_now(stream, header + data)
+            parts = (header, data)
+            sent = writev_now(stream, parts)
+            if sent < len(header) + len(data):
+                await stream.send_all(_unsent(parts, sent))
         else:
             await send_now(stream, header)
             await stream.send_all(data)
+
+    def _frame(self, offset: int) -> tuple[bytes, memoryview]:
+        """``read_frame`` at ``offset`` within ``frame_limit``, on the trio thread: the last
+        frame read is served again while its offset, bound and the log's end are the same."""
+        limit = self.frame_limit(offset)
+        key = (offset, limit, self.store.max_offset)
+        last = self._last_frame
+        if last is not None and last[0] == key:
+            self.frames_shared += 1
+            return last[1]
+        frame = self.read_frame(offset, limit)
+        self._last_frame = (key, frame)
+        self.frames_built += 1
+        return frame
 
     def read_frame(self, offset: int, limit: int) -> tuple[bytes, memoryview]:
         """The data frame at ``offset``: its header (CRC included) and its bytes, a view of the
@@ -217,3 +244,9 @@ class LogSenders:
         if not data:
             raise HaProtocolError(f"no record at {offset} below the log's end {self.store.max_offset}")
         return protocol.data_header(offset, data), data
+
+
+def _unsent(parts: tuple, sent: int) -> memoryview:
+    """What a write of ``parts`` that took ``sent`` bytes left (a copy: only a partial write
+    pays it)."""
+    return memoryview(b"".join(parts))[sent:]

@@ -13,6 +13,7 @@ scheduling point, also for callers that cannot wait) goes without a scheduling
 point (``send_all`` yields to trio's loop after every send, a whole pass of it for an
 8-byte ack or a 1 KiB frame), the rest through ``send_all``. Its caller must be the only
 task writing to the stream, which is what trio's conflict detector would check.
+``writev_now(stream, parts)`` is ``write_now`` for several buffers in one ``writev``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,25 @@ def write_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> int:
         raise trio.ClosedResourceError("the socket was closed")
     try:
         return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+    except OSError as error:
+        if error.errno == errno.EBADF:
+            raise trio.ClosedResourceError("the socket was closed") from error
+        raise trio.BrokenResourceError(f"send failed: {error}") from error
+
+
+def writev_now(stream: trio.abc.SendStream, parts) -> int:
+    """``write_now`` for the concatenation of ``parts`` (bytes-likes) in one ``os.writev``,
+    without building it: bytes of it the socket took now (0 when it would block; always 0
+    for a stream that is not a socket stream). Same errors; never a scheduling point."""
+    if type(stream) is not trio.SocketStream:
+        return 0
+    fd = stream.socket.fileno()  # -1 once closed, never a reused number
+    if fd < 0:
+        raise trio.ClosedResourceError("the socket was closed")
+    try:
+        return os.writev(fd, parts)
     except BlockingIOError:
         return 0
     except OSError as error:

@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 from replication import protocol
+from replication.epochs import EpochEntry
 from replication.log_sender import DIRECT_SEND_BYTES_MAX, IDLE_POLL_MS, LogSenders
 from replication.sync_state import ReplicaProgress
 from replication.transport import StreamReader
@@ -119,3 +120,144 @@ async def test_a_slave_far_behind_is_left_to_the_task(open_store, autojump_clock
         nursery.cancel_scope.cancel()
     assert sum(size for _, kind, _, size in slave.frames if kind == "data") == \
         results[-1].end_offset - results[0].physical_offset
+
+
+# --- two slaves: a frame built once, the same bytes to both ----------------------------------
+async def _connect(senders, store, nursery, name: str, *, sndbuf: int | None = None):
+    """A slave connection to ``senders`` from the log's end: its ReplicaProgress and the
+    slave's socket end."""
+    left, right = trio.socket.socketpair()
+    if sndbuf is not None:
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    replica = ReplicaProgress(name, "pair", store.max_physical_offset)
+    replica.sent_offset = store.max_physical_offset
+    nursery.start_soon(senders.stream, trio.SocketStream(left), replica, store.max_physical_offset)
+    return replica, trio.SocketStream(right)
+
+
+async def _two_slaves(store, nursery, entries=None, *, sndbuf: int | None = None):
+    if entries is None:
+        epochs = epoch_file(store)
+        begin_term(store, epochs)
+        entries = epochs.entries
+    senders = LogSenders(store.replica_log, entries, chunk_bytes_max=4 << 20, heartbeat_interval_ms=HEARTBEAT_MS)
+    first = await _connect(senders, store, nursery, "s1", sndbuf=sndbuf)
+    second = await _connect(senders, store, nursery, "s2")
+    await trio.testing.wait_all_tasks_blocked()
+    assert senders.parked == 2
+    return senders, first, second
+
+
+async def _received(stream: trio.SocketStream, size: int) -> bytes:
+    """Every byte the slave's end holds, once at least ``size`` have come."""
+    got = bytearray()
+    with trio.fail_after(1):
+        while len(got) < size:
+            got += await stream.receive_some(1 << 20)
+    return bytes(got)
+
+
+def _data_frames(wire: bytes) -> list[tuple[int, bytes]]:
+    """The (offset, bytes) of each data frame on ``wire``, their CRCs checked; CONFIRMs skipped."""
+    frames, position = [], 0
+    while position < len(wire):
+        header = protocol.parse_data_header(wire[position:position + protocol.DATA_HEADER.size])
+        position += protocol.DATA_HEADER.size
+        data = wire[position:position + header.size]
+        position += header.size
+        if header.size:
+            protocol.check_data(header, data)
+            frames.append((header.offset, data))
+    return frames
+
+
+async def test_two_caught_up_slaves_get_the_same_bytes_from_one_frame_built_per_put(open_store, autojump_clock):
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, (first, end1), (second, end2) = await _two_slaves(store, nursery)
+        start = store.max_physical_offset
+        for _ in range(10):
+            (result,) = put(store, 1)
+            senders.notify_appended()
+            store.replica_log.publish_confirm_offset(result.end_offset)
+        assert senders.direct_sends == 20 and senders.task_wakes == 0
+        assert senders.frames_built == 10 and senders.frames_shared == 10
+        size = store.max_physical_offset - start + 20 * protocol.DATA_HEADER.size   # 10 data, 10 CONFIRM
+        wire1, wire2 = await _received(end1, size), await _received(end2, size)
+        nursery.cancel_scope.cancel()
+    assert wire1 == wire2 and len(wire1) == size
+    frames = _data_frames(wire1)
+    assert b"".join(data for _, data in frames) == bytes(store.replica_log.read(start, 1 << 20))
+    assert first.sent_offset == second.sent_offset == store.max_physical_offset
+
+
+async def test_a_partial_write_to_one_slave_leaves_the_other_whole(open_store, autojump_clock):
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, (first, end1), (second, end2) = await _two_slaves(store, nursery, sndbuf=4096)
+        start = store.max_physical_offset
+        put(store, 40, body_bytes=1000)   # about 48 KiB: one direct frame, over s1's socket buffer
+        senders.notify_appended()
+        # s1's socket took part: its task has the rest; s2 took it whole and stays parked
+        assert senders.direct_sends == 2 and senders.task_wakes == 1 and senders.parked == 1
+        assert senders.frames_built == 1 and senders.frames_shared == 1
+        size = store.max_physical_offset - start + 2 * protocol.DATA_HEADER.size   # the first CONFIRM leads
+        wire2 = await _received(end2, size)
+        wire1 = await _received(end1, size)
+        nursery.cancel_scope.cancel()
+    assert wire1 == wire2 and len(wire1) == size
+    assert [offset for offset, _ in _data_frames(wire1)] == [start]
+    assert first.sent_offset == second.sent_offset == store.max_physical_offset
+
+
+async def test_frames_end_at_an_epoch_boundary_for_both_slaves(open_store, autojump_clock):
+    store = open_store("m")
+    entries = [EpochEntry(1, store.max_physical_offset)]
+    async with trio.open_nursery() as nursery:
+        senders, (first, end1), (second, end2) = await _two_slaves(store, nursery, entries)
+        start = store.max_physical_offset
+        put(store, 10)
+        boundary = store.max_physical_offset
+        entries.append(EpochEntry(2, boundary))   # the senders' own list: the next term starts here
+        put(store, 10)
+        senders.notify_appended()
+        # each put-path frame stops at the boundary, before the log's end: the tasks send the rest
+        assert senders.direct_sends == 2 and senders.task_wakes == 2
+        size = store.max_physical_offset - start + 3 * protocol.DATA_HEADER.size   # a CONFIRM, 2 frames
+        wire1, wire2 = await _received(end1, size), await _received(end2, size)
+        nursery.cancel_scope.cancel()
+    assert wire1 == wire2 and len(wire1) == size
+    assert [offset for offset, _ in _data_frames(wire1)] == [start, boundary]
+    assert senders.frames_built == 2 and senders.frames_shared == 2   # one per frame, by put and by task
+    assert first.sent_offset == second.sent_offset == store.max_physical_offset
+
+
+async def test_slaves_behind_by_more_than_a_direct_send_share_the_tasks_frame(open_store, autojump_clock):
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, (first, end1), (second, end2) = await _two_slaves(store, nursery)
+        start = store.max_physical_offset
+        put(store, 200, body_bytes=1000)   # over DIRECT_SEND_BYTES_MAX: both tasks woken
+        assert store.max_physical_offset - start > DIRECT_SEND_BYTES_MAX
+        senders.notify_appended()
+        assert senders.direct_sends == 0 and senders.task_wakes == 2 and senders.frames_built == 0
+        size = store.max_physical_offset - start + 2 * protocol.DATA_HEADER.size   # the first CONFIRM leads
+        wire1, wire2 = await _received(end1, size), await _received(end2, size)
+        nursery.cancel_scope.cancel()
+    assert wire1 == wire2 and len(wire1) == size
+    assert senders.frames_built == 1 and senders.frames_shared == 1
+    assert first.sent_offset == second.sent_offset == store.max_physical_offset
+
+
+async def test_a_frame_is_not_shared_once_the_log_grew(open_store, autojump_clock):
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, _, _ = await _two_slaves(store, nursery)
+        start = store.max_physical_offset
+        put(store, 1)
+        header, data = senders._frame(start)
+        put(store, 1)   # the same offset now has a longer frame
+        longer_header, longer = senders._frame(start)
+        nursery.cancel_scope.cancel()
+    assert len(longer) > len(data) and longer_header != header
+    assert senders.frames_built == 2 and senders.frames_shared == 0
