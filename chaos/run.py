@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 import trio
 
 from node.client import open_admin
+from node.errors import RequestError
 from node.cluster import LocalCluster
 
 from .checkers import RunVerdict, check_run, unavailability, unavailability_by_kind
@@ -39,6 +40,7 @@ from .nemesis import PlannedFault, expand_kinds, heal, needs_proxies, plan_sched
 from .workload import Budget, LoadSettings, run_load
 
 POLL_INTERVAL_S = 0.1
+FINAL_READ_TRIES_MAX = 100   # refused final reads (a fenced master), each after a fresh look
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,24 +299,44 @@ class _Runner:
     async def _check(self) -> tuple[str | None, bool, RunVerdict]:
         settings = self.settings
         await trio.to_thread.run_sync(self._restore)
-        master, states = await wait_caught_up(self.cluster, settings.group, self.secret, settings.catch_up_timeout_s)
-        if master is None:
-            raise RunError(f"group {settings.group} has no single master answering after the run; the history is "
-                           f"kept for inspection")
-        caught_up = len(states) == len(self.cluster.nodes(settings.group)) and all(
-            s.max_offset == states[master].max_offset for s in states.values())
+        master, states = await self._caught_up_master()
         final_time_s = self.history.now_s()
         with trio.fail_after(settings.read_timeout_s):
-            final, offsets = await read_final(self.cluster.node(master).client_address, self.topic,
-                                              settings.queue_count, secret=self.secret,
-                                              group=settings.load.consumer_group)
-            confirm = (await _status(self.cluster.node(master).client_address, self.secret))["replication"] \
-                .get("confirm_offset", states[master].max_offset)
+            for _ in range(FINAL_READ_TRIES_MAX):
+                try:
+                    final, offsets = await read_final(self.cluster.node(master).client_address, self.topic,
+                                                      settings.queue_count, secret=self.secret,
+                                                      group=settings.load.consumer_group)
+                    confirm = (await _status(self.cluster.node(master).client_address, self.secret))["replication"] \
+                        .get("confirm_offset", states[master].max_offset)
+                    break
+                except RequestError as refused:
+                    # the last fault may leave the master fenced until its role is confirmed
+                    # (a ZooKeeper pause suspends its session), or another node elected: the
+                    # read is refused, not failed; find the master again and read it all again
+                    if refused.code not in ("SERVICE_NOT_AVAILABLE", "NOT_MASTER"):
+                        raise
+                    await trio.sleep(POLL_INTERVAL_S)
+                    master, states = await self._caught_up_master()
+            else:
+                raise RunError(f"group {settings.group}'s master refused the final read {FINAL_READ_TRIES_MAX} "
+                               f"times; the history is kept for inspection")
+        caught_up = len(states) == len(self.cluster.nodes(settings.group)) and all(
+            s.max_offset == states[master].max_offset for s in states.values())
         copies = {name: commitlog_bytes(self.cluster.node(name).data_path, confirm)
                   for name, state in states.items() if state.max_offset >= confirm}
         verdict = check_run(self.history.ops, final, final_offsets={settings.load.consumer_group: offsets},
                             final_time_s=final_time_s, replicas=(master, copies, confirm))
         return master, caught_up, verdict
+
+    async def _caught_up_master(self) -> tuple[str, dict]:
+        """The group's one master once every node holds its max offset (bounded), and the states."""
+        master, states = await wait_caught_up(self.cluster, self.settings.group, self.secret,
+                                              self.settings.catch_up_timeout_s)
+        if master is None:
+            raise RunError(f"group {self.settings.group} has no single master answering after the run; the history "
+                           f"is kept for inspection")
+        return master, states
 
     def _restore(self) -> None:
         """Start every process that is down (a heal that failed), in start order."""

@@ -62,3 +62,17 @@ def test_proxied_faults_are_refused_without_proxies(tmp_path):
     result = subprocess.run([sys.executable, "-m", "node.cli", "chaos", "run", "--dir", str(tmp_path / "none")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "no cluster is running" in result.stderr
+
+
+def test_a_run_ending_on_a_long_zookeeper_pause_reads_the_master_once_it_is_confirmed(controller_cluster):
+    """A ZooKeeper pause longer than a few ticks suspends every node's session: the master is
+    fenced, and refuses reads, until its role is confirmed again. A run whose last fault is
+    such a pause still reads the topic back (the final read waits out the refusal) instead
+    of failing with SERVICE_NOT_AVAILABLE."""
+    settings = RunSettings(nemesis="pause-zookeeper", cycles=1, seed=3,
+                           **{**SHORT, "hold_s": (3.9, 4.0), "rest_s": (0.5, 0.6)})
+    report = run_chaos(controller_cluster, settings)
+    assert [c.kind for c in report.cycles] == ["pause-zookeeper"]
+    verdict = report.verdict
+    assert verdict.sends.valid and not verdict.dirty_reads and not verdict.divergence, verdict.to_json()
+    assert report.caught_up and verdict.sends.acked > 0, report.to_json()
