@@ -41,32 +41,23 @@ def write_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> int:
     """Bytes of ``data`` a socket stream's socket took now (0 when it would block; always 0
     for a stream that is not a socket stream). BrokenResourceError if the peer is gone,
     ClosedResourceError if the stream was closed. Never a scheduling point."""
-    if type(stream) is not trio.SocketStream:
-        return 0
-    fd = stream.socket.fileno()  # -1 once closed, never a reused number
-    if fd < 0:
-        raise trio.ClosedResourceError("the socket was closed")
-    try:
-        return os.write(fd, data)
-    except BlockingIOError:
-        return 0
-    except OSError as error:
-        if error.errno == errno.EBADF:
-            raise trio.ClosedResourceError("the socket was closed") from error
-        raise trio.BrokenResourceError(f"send failed: {error}") from error
+    return _write_now(stream, os.write, data)
 
 
 def writev_now(stream: trio.abc.SendStream, parts) -> int:
     """``write_now`` for the concatenation of ``parts`` (bytes-likes) in one ``os.writev``,
-    without building it: bytes of it the socket took now (0 when it would block; always 0
-    for a stream that is not a socket stream). Same errors; never a scheduling point."""
+    without building it. Same answers and errors; never a scheduling point."""
+    return _write_now(stream, os.writev, parts)
+
+
+def _write_now(stream: trio.abc.SendStream, write, data) -> int:
     if type(stream) is not trio.SocketStream:
         return 0
     fd = stream.socket.fileno()  # -1 once closed, never a reused number
     if fd < 0:
         raise trio.ClosedResourceError("the socket was closed")
     try:
-        return os.writev(fd, parts)
+        return write(fd, data)
     except BlockingIOError:
         return 0
     except OSError as error:
