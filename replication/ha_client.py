@@ -300,8 +300,9 @@ class HAClient:
                         buffer = await free_buffers.receive()
                 waited.deadline = trio.current_time() + timeout_s
                 if unacked and reader.buffered_bytes < protocol.DATA_HEADER.size:
-                    # an ack deferred for a next header that was a CONFIRM or a heartbeat:
-                    # no data frame follows to carry it, so it goes before the socket wait
+                    # frames appended here are acked before the receiver may wait on the
+                    # socket: at once when no next header is here, and after a CONFIRM or a
+                    # heartbeat that was that header (no data frame follows to carry the ack)
                     await self._send_ack(stream)
                     unacked = 0
                 header = protocol.parse_data_header(await reader.exactly(protocol.DATA_HEADER.size))
@@ -326,7 +327,7 @@ class HAClient:
                 self._master_max_offset = max(self._master_max_offset, expected)
                 if self._applier_idle and header.size <= INLINE_APPEND_BYTES_MAX \
                         and entry.epoch == self.epoch_file.last_epoch:
-                    unacked = await self._append_here(stream, reader, offset, data, unacked)
+                    unacked = await self._append_here(stream, offset, data, unacked)
                     continue   # the buffer is free again
                 unacked = 0
                 self._applier_idle = False   # it has a frame to take now, ahead of any other
@@ -338,11 +339,12 @@ class HAClient:
                 buffer = None
         raise HaProtocolError(f"nothing from the master for {self.settings.read_timeout_ms} ms")
 
-    async def _append_here(self, stream, reader: StreamReader, offset: int, data: memoryview, unacked: int) -> int:
+    async def _append_here(self, stream, offset: int, data: memoryview, unacked: int) -> int:
         """Append a checked frame in the receiver's step (the applier waits with nothing
-        queued, so the log ends at ``offset``) and ack it at once, unless the next frame's
-        header is already here (then one ack covers both, ``ACK_FRAMES_MAX`` frames at
-        most). Returns the frames appended since the last ack."""
+        queued, so the log ends at ``offset``). Its ack goes before the receiver next waits
+        on the socket (``_receive_frames``), so while more frames are already here one ack
+        covers them all, ``ACK_FRAMES_MAX`` frames at most. Returns the frames appended
+        since the last ack."""
         store = self.store
         if offset != store.max_offset:
             raise HaProtocolError(f"frame at {offset}, but this log ends at {store.max_offset}")
@@ -352,7 +354,7 @@ class HAClient:
         self._received_bytes += len(data)
         self._publish_confirm_offset()
         unacked += 1
-        if unacked >= ACK_FRAMES_MAX or reader.buffered_bytes < protocol.DATA_HEADER.size:
+        if unacked >= ACK_FRAMES_MAX:
             await self._send_ack(stream)
             return 0
         return unacked
