@@ -174,8 +174,12 @@ def test_one_group_failing_over_leaves_the_other_acking_and_loses_nothing(cluste
     }
     print("\nmulti-group failover: " + json.dumps(numbers))
     # g1 really was failing over: nothing acked there from just after the kill (a reply already
-    # on its way may still be read) until its new master's first ack
-    assert load.acked_in("g1", times["kill"] + 0.2, times["back"]) == 0 and window_s > 0.5, numbers
+    # on its way may still be read) until a new master could be elected, which ZooKeeper does
+    # not do before half the old master's session timeout (the drill's bound). Not until
+    # times["back"]: the test notices the election by polling, and the new master may ack
+    # before it does (a CI run counted 84 such acks 7 ms before the poll's "elected")
+    earliest_election = times["kill"] + 0.5 * cluster.topology.controller.session_timeout_ms / 1000
+    assert load.acked_in("g1", times["kill"] + 0.2, earliest_election) == 0 and window_s > 0.5, numbers
     assert numbers["acked_in_window"]["g2"] >= 20, numbers                # g2 kept acking through it
     assert load.acked_in("g2", times["kill"] + window_s / 2, times["back"]) > 0, numbers   # to the end, too
 
