@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from store import codec
 
 from .arrow_decode import HEADER_DTYPE
+from .record_walk import gather_rows
 
 _LENGTH_BYTES = 3       # TOPICLEN before the topic, PROPLEN (two bytes) after it
 
@@ -91,7 +91,7 @@ def read_layout(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray | Non
     if count == 0:
         return np.zeros(0, dtype=bool), empty_layout()
     width = HEADER_DTYPE.itemsize
-    header = sliding_window_view(data, width)[positions].view(HEADER_DTYPE).reshape(count)
+    header = gather_rows(data, positions, width).view(HEADER_DTYPE).reshape(count)
     if sizes is None:
         sizes = header["total_size"].astype(np.int64)
     ends = positions + sizes
@@ -122,7 +122,7 @@ def _rows_from(data: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     if limit < width:
         data = np.concatenate([data, np.zeros(width - limit, dtype=np.uint8)])
     clipped = np.minimum(starts, len(data) - width)
-    rows = sliding_window_view(data, width)[clipped]
+    rows = gather_rows(data, clipped, width)
     for index in np.flatnonzero(clipped != starts).tolist():     # the last few records of a buffer at most
         start = int(starts[index])
         piece = data[start:min(limit, start + width)]

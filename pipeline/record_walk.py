@@ -28,7 +28,6 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from store import codec
 
@@ -77,13 +76,12 @@ def walk(buffer, begin: int, end: int, limit: int, *, check_magic: bool = True) 
             continue
         if data is None:
             data = np.frombuffer(buffer, dtype=np.uint8)
-        expected = np.frombuffer(size.to_bytes(4, "big"), dtype=np.uint8)
         last_allowed = min(end - 1, header_room, limit - size)
         first, probe = position, RUN_PROBE_FIRST
         while position <= last_allowed:
             count = min(probe, (last_allowed - position) // size + 1)
-            rows = _rows(data, position + size * np.arange(count, dtype=np.int64), 4)
-            matched = (rows == expected).all(axis=1)
+            # the TOTALSIZE fields a run would have, read in place: a strided view, no copy
+            matched = np.ndarray((count,), dtype=">i4", buffer=data, offset=position, strides=(size,)) == size
             taken = count if matched.all() else int(np.argmin(matched))
             position += taken * size
             if taken < count:
@@ -109,7 +107,7 @@ def walk(buffer, begin: int, end: int, limit: int, *, check_magic: bool = True) 
     sizes[-1] = position - at[-1]
     if not check_magic:
         return at, sizes, position
-    magic = np.ascontiguousarray(_rows(np.frombuffer(buffer, dtype=np.uint8), at + 4, 4)).view(">u4").reshape(len(at))
+    magic = _fields(np.frombuffer(buffer, dtype=np.uint8), ">u4")[at + 4]
     wrong = np.flatnonzero(magic != codec.MESSAGE_MAGIC)
     if len(wrong):
         first = int(wrong[0])
@@ -117,10 +115,22 @@ def walk(buffer, begin: int, end: int, limit: int, *, check_magic: bool = True) 
     return at, sizes, position
 
 
-def _rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """``data[at[i]:at[i] + width]`` for every i, as an (n, width) array: rows of a sliding
-    window, one small copy per row instead of an index per byte."""
-    return sliding_window_view(data, width)[at]
+def gather_rows(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """``data[at[i]:at[i] + width]`` for every i (each inside ``data``), as a C-contiguous
+    (n, width) uint8 array. Each row is one item of a ``width``-byte void type laid over
+    ``data`` at every byte, so numpy copies it whole; rows of a uint8 sliding window are
+    copied byte by byte, 1.3 to 4x slower (4 to 88 bytes)."""
+    rows = _fields(data, np.dtype(f"V{width}"))[at]
+    return rows.view(np.uint8).reshape(len(at), width)
+
+
+def _fields(data: np.ndarray, dtype) -> np.ndarray:
+    """A ``dtype`` item starting at every byte of ``data`` (that has room for one): index it
+    with positions to read that field of many records."""
+    dtype = np.dtype(dtype)
+    return np.ndarray((max(0, len(data) - dtype.itemsize + 1),), dtype=dtype, buffer=data, strides=(1,))
+
+
 
 
 def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, layout) -> np.ndarray:
@@ -139,7 +149,7 @@ def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndar
     # the seal: "__CRC32#\x01", ten digits least significant first, "\x02"
     has_seal = props_length >= codec.SEAL_PROPERTY_BYTES
     prefix_at = np.where(has_seal, sealed_end, positions)
-    seal_rows = _rows(data, prefix_at, codec.SEAL_PROPERTY_BYTES)      # prefix, ten digits, closing byte
+    seal_rows = gather_rows(data, prefix_at, codec.SEAL_PROPERTY_BYTES)      # prefix, ten digits, closing byte
     has_seal &= (seal_rows[:, :len(_SEAL_PREFIX)] == _SEAL_PREFIX).all(axis=1)
     sealed = np.flatnonzero(has_seal)
     seal_rows = seal_rows[sealed]
