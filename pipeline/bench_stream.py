@@ -49,6 +49,7 @@ def measure_stream_latency(spark, count: int = 300, pace_s: float = 0.02, timeou
             for row in rows:
                 seen.setdefault(int(bytes(row.body).split(b" ")[0]), now)
     query = None
+    phases: dict[str, float] = {}
     try:
         cluster.up()
         master = cluster.master("g1").client_address
@@ -74,6 +75,7 @@ def measure_stream_latency(spark, count: int = 300, pace_s: float = 0.02, timeou
             if query.exception() is not None:
                 raise RuntimeError(f"the streaming query failed: {query.exception()}")
             time.sleep(0.2)
+        phases = batch_phases(query.recentProgress)
     finally:
         if query is not None:
             query.stop()
@@ -84,7 +86,23 @@ def measure_stream_latency(spark, count: int = 300, pace_s: float = 0.02, timeou
     if latencies:
         figures.update(p50_ms=round(_percentile(latencies, 0.5), 1), p99_ms=round(_percentile(latencies, 0.99), 1),
                        max_ms=round(max(latencies), 1))
+    figures["micro_batch_ms_p50"] = phases
     return figures
+
+
+def batch_phases(progress: list) -> dict[str, float]:
+    """The median of each phase Spark timed over the query's recent micro-batches that read
+    rows (``durationMs`` of its progress reports: ``triggerExecution`` is the whole batch,
+    ``latestOffset`` the source's offsets query, ``addBatch`` the read and the sink): where a
+    message's latency beyond the trigger interval goes."""
+    timed: dict[str, list[float]] = {}
+    for report in progress:
+        durations, rows = _field(report, "durationMs"), _field(report, "numInputRows")
+        if not durations or not rows:
+            continue
+        for phase, value in dict(durations).items():
+            timed.setdefault(phase, []).append(float(value))
+    return {phase: _percentile(values, 0.5) for phase, values in sorted(timed.items())}
 
 
 def _wait_for_first_batch(query, timeout_s: float) -> None:
@@ -94,3 +112,9 @@ def _wait_for_first_batch(query, timeout_s: float) -> None:
         if query.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
         time.sleep(0.1)
+
+
+def _field(report, name: str):
+    """A field of a progress report: a StreamingQueryProgress (PySpark 4) or its dict form."""
+    value = getattr(report, name, None)     # StreamingQueryProgress is a dict too: its property first
+    return report.get(name) if value is None and isinstance(report, dict) else value

@@ -21,7 +21,11 @@ from store import codec
 
 from .record_walk import walk
 
-CHAIN_STRIDE = 256 * 1024        # bytes per chain: ~230 records of 1 KiB, ~500 chains in a 128 MiB slice
+CHAIN_STRIDE = 256 * 1024        # most bytes per chain: ~230 records of 1 KiB
+CHAIN_STRIDE_MIN = 16 * 1024     # fewest bytes per chain
+CHAINS_PER_WALK = 512            # a shorter walk takes shorter chains, so that each numpy step (one per
+                                 # record of a chain) still moves about this many chains: a 16 MiB
+                                 # step of the reader walks 512 chains of 32 KiB, not 64 of 256 KiB
 RUNS_SHARE = 0.8                 # records of their predecessor's size, of the first stride, for ``walk``
 ANCHOR_TRIES = 4                 # magic hits looked at per anchor before giving that stride up
 ANCHOR_WINDOW = 16 * 1024        # bytes searched for an anchor (none in them: the chain before goes on;
@@ -29,12 +33,15 @@ ANCHOR_WINDOW = 16 * 1024        # bytes searched for an anchor (none in them: t
 _MAGIC = codec.MESSAGE_MAGIC.to_bytes(4, "big")
 
 
-def walk_chains(buffer, begin: int, end: int, limit: int, *, stride: int = CHAIN_STRIDE):
+def walk_chains(buffer, begin: int, end: int, limit: int, *, stride: int | None = None):
     """The same (positions, sizes, stop position) as ``walk(..., check_magic=False)``.
 
-    The first ``stride`` bytes are walked one by one; when most records there have the size
-    of the record before (runs, which ``walk`` reads in numpy faster than chains), the rest
-    is too. Either way the walk goes on exactly where that first part stopped."""
+    The first ``stride`` bytes (default: ``chain_stride`` of the walk's length) are walked
+    one by one; when most records there have the size of the record before (runs, which
+    ``walk`` reads in numpy faster than chains), the rest is too. Either way the walk goes
+    on exactly where that first part stopped."""
+    if stride is None:
+        stride = chain_stride(end - begin)
     if end - begin < 4 * stride:
         return walk(buffer, begin, end, limit, check_magic=False)
     first_positions, first_sizes, stopped = walk(buffer, begin, begin + stride, limit, check_magic=False)
@@ -45,6 +52,13 @@ def walk_chains(buffer, begin: int, end: int, limit: int, *, stride: int = CHAIN
     else:
         rest = _chains(buffer, stopped, end, limit, stride)
     return np.concatenate([first_positions, rest[0]]), np.concatenate([first_sizes, rest[1]]), rest[2]
+
+
+def chain_stride(length: int) -> int:
+    """Bytes per chain for a walk of ``length`` bytes: CHAINS_PER_WALK chains, each of
+    CHAIN_STRIDE_MIN to CHAIN_STRIDE bytes. A numpy step costs about the same for 64 chains
+    as for 512, and a walk takes as many steps as its chains have records."""
+    return min(CHAIN_STRIDE, max(CHAIN_STRIDE_MIN, length // CHAINS_PER_WALK))
 
 
 def _chains(buffer, begin: int, end: int, limit: int, stride: int) -> tuple[np.ndarray, np.ndarray, int]:
