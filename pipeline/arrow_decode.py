@@ -275,6 +275,11 @@ class SliceInfo:
     segment_start: int
 
 
+# the columns built from header fields other than the lengths (record_layout.LENGTH_FIELDS)
+HEADER_COLUMNS = frozenset({"queue_id", "queue_offset", "sys_flag", "flag", "born_timestamp", "store_timestamp",
+                            "born_host", "store_host"})
+
+
 def decode_batch(buffer, positions: np.ndarray, crc_ok: np.ndarray, info: SliceInfo,
                  columns: tuple[str, ...] = COLUMN_NAMES, layout=None) -> pa.RecordBatch:
     """Records at ``positions`` (whole, as ``scan_records`` found them) as one RecordBatch of

@@ -19,9 +19,13 @@ import numpy as np
 from store import codec
 
 from .arrow_decode import HEADER_DTYPE
-from .record_walk import gather_rows
+from .record_walk import field_values, gather_rows
 
 _LENGTH_BYTES = 3       # TOPICLEN before the topic, PROPLEN (two bytes) after it
+# the header fields every read needs (the walk's checks, ``size``, where the body ends): a
+# read that builds no other header column and checks no CRC gathers only these
+LENGTH_FIELDS = ("total_size", "magic", "body_length")
+LENGTHS_DTYPE = np.dtype([(name, HEADER_DTYPE.fields[name][0]) for name in LENGTH_FIELDS])
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +66,9 @@ class RecordLayout:
         return self.header["body_length"].astype(np.int64)
 
 
-def empty_layout() -> RecordLayout:
-    return RecordLayout(np.zeros(0, dtype=HEADER_DTYPE), np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64),
-                        np.zeros(0, dtype=np.int64))
+def empty_layout(whole_header: bool = True) -> RecordLayout:
+    return RecordLayout(np.zeros(0, dtype=HEADER_DTYPE if whole_header else LENGTHS_DTYPE),
+                        np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 def concat_layouts(layouts: list[RecordLayout]) -> RecordLayout:
@@ -82,16 +86,19 @@ def concat_layouts(layouts: list[RecordLayout]) -> RecordLayout:
                         np.concatenate([layout.props_length for layout in layouts]))
 
 
-def read_layout(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray | None = None) -> tuple[np.ndarray,
-                                                                                                   RecordLayout]:
+def read_layout(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray | None = None, *,
+                whole_header: bool = True) -> tuple[np.ndarray, RecordLayout]:
     """Per record at ``positions`` (whose ``sizes`` keep it inside ``data``; None: each
     record's TOTALSIZE): whether its magic and lengths hold, as ``codec.check_record`` checks
-    them, and its RecordLayout (zeros where they do not hold)."""
+    them, and its RecordLayout (zeros where they do not hold). ``whole_header=False``: the
+    layout's header holds only LENGTH_FIELDS (three 4-byte gathers instead of 88 bytes a
+    record; a column that needs another field then fails on it, never reads a wrong one)."""
     count = len(positions)
     if count == 0:
-        return np.zeros(0, dtype=bool), empty_layout()
+        return np.zeros(0, dtype=bool), empty_layout(whole_header)
     width = HEADER_DTYPE.itemsize
-    header = gather_rows(data, positions, width).view(HEADER_DTYPE).reshape(count)
+    header = gather_rows(data, positions, width).view(HEADER_DTYPE).reshape(count) if whole_header \
+        else _length_fields(data, positions)
     if sizes is None:
         sizes = header["total_size"].astype(np.int64)
     ends = positions + sizes
@@ -113,6 +120,14 @@ def read_layout(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray | Non
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(topic_length, out=offsets[1:])
     return ok, RecordLayout(header, topic_bytes, offsets, props_length)
+
+
+def _length_fields(data: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    header = np.empty(len(positions), dtype=LENGTHS_DTYPE)
+    for name in LENGTH_FIELDS:
+        field, at = HEADER_DTYPE.fields[name][:2]
+        header[name] = field_values(data, field)[positions + at]
+    return header
 
 
 def _rows_from(data: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:

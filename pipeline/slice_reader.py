@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_decode import ScanResult, SliceInfo, bad_tail_batch, batch_ranges, decode_batch
+from .arrow_decode import HEADER_COLUMNS, ScanResult, SliceInfo, bad_tail_batch, batch_ranges, decode_batch
 from .errors import CorruptLogError
 from .record_layout import concat_layouts, empty_layout
 from .record_walk import find_record_start, scan_records_fast
@@ -37,7 +37,8 @@ def read_slice(piece: SegmentSlice, settings, columns: tuple[str, ...]) -> Itera
                                                             or bounds.time_max_ms is not None))
                                  if wanted and name not in columns)
         for result in slice_scans(buffer, piece.begin, piece.end, piece.segment.start_offset,
-                                  verify=checks_crc(settings, columns), where=piece.segment.path):
+                                  verify=checks_crc(settings, columns), where=piece.segment.path,
+                                  whole_header=bool(HEADER_COLUMNS.intersection(needed))):
             if settings.mode == "FAILFAST":
                 _fail_fast(result, piece)
             yield from _batches(buffer, result, info, bounds, columns, needed)
@@ -85,12 +86,14 @@ def slice_records(buffer, begin: int, end: int, segment_start: int, *, verify: b
 
 
 def slice_scans(buffer, begin: int, end: int, segment_start: int, *, verify: bool = True, where: str = "segment",
-                step: int = SCAN_STEP_BYTES) -> Iterator[ScanResult]:
+                step: int = SCAN_STEP_BYTES, whole_header: bool = True) -> Iterator[ScanResult]:
     """``slice_records`` a step at a time: the ScanResults of the records starting in
     successive ``step``-byte stretches of the slice, in log order (each step's walk goes on
     from where the last record of the step before ended). The last one holds the bad tail
     if there is one (its size reaching to the slice's end, as a walk of the whole slice
     gives it); the data ending (a blank record, unwritten space) ends the steps.
+    ``whole_header=False``: the layouts hold only the header's length fields (see
+    ``record_layout.read_layout``), for reads that build no other header column.
 
     The walk must end exactly where the next slice's reader starts, or stop early (end of
     data, a bad tail): a record running past that start means the next reader took bytes
@@ -102,7 +105,7 @@ def slice_scans(buffer, begin: int, end: int, segment_start: int, *, verify: boo
     position = first
     while position < stop:
         step_end = min(stop, position + step)
-        result = scan_records_fast(buffer, position, step_end, limit, verify=verify)
+        result = scan_records_fast(buffer, position, step_end, limit, verify=verify, whole_header=whole_header)
         tail = result.bad_tail
         if tail is not None:
             result = replace(result, bad_tail=replace(tail, size=max(stop, tail.position) - tail.position))

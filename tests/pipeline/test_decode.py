@@ -71,6 +71,24 @@ def test_vectorised_decode_equals_the_reference_decoder(store_dir):
                 ad.decode_batch_reference(*args, columns=("topic", "crc_ok")))
 
 
+@pytest.mark.parametrize("columns", [("topic",), ("size", "topic", "physical_offset"), ("keys", "body", "topic"),
+                                     ("topic", "crc_ok"), ("store_timestamp", "topic"), ad.COLUMN_NAMES])
+@pytest.mark.parametrize("verify", ["true", "false"])
+def test_a_read_of_any_columns_gives_what_the_reference_decoder_gives(store_dir, columns, verify):
+    # reads without header columns or CRC checks gather only the header's length fields
+    from pipeline.commitlog_source import read_settings
+    from pipeline.slice_reader import read_slice
+    store = resolve_store(store_dir)
+    settings = read_settings({"paths": store_dir, "verifyCrc": verify})
+    for piece in plan_slices([store], Bounds(), max_bytes=64 * 1024):
+        got = pa.Table.from_batches(list(read_slice(piece, settings, columns)), schema=ad.arrow_schema(columns))
+        buffer = map_segment(piece.segment.path)
+        result = slice_records(buffer, piece.begin, piece.end, piece.segment.start_offset)
+        want = ad.decode_batch_reference(buffer, result.positions, result.crc_ok, _info(store, piece.segment),
+                                         columns=columns)
+        assert got.equals(pa.Table.from_batches([want])), piece
+
+
 def test_decoded_rows_hold_what_was_put(store_dir):
     store = resolve_store(store_dir)
     messages = sample_messages(3000)
