@@ -101,20 +101,32 @@ def slice_scans(buffer, begin: int, end: int, segment_start: int, *, verify: boo
     very offset; the read fails (CorruptLogError) rather than give rows twice or wrongly."""
     limit = len(buffer)
     first = find_record_start(buffer, begin, limit, segment_start) if begin > 0 else 0
-    stop = find_record_start(buffer, end, limit, segment_start) if end < limit else limit
-    position = first
-    while position < stop:
-        step_end = min(stop, position + step)
+    # where the next slice's reader starts: searched for only once the walk reaches ``end``
+    # (or meets a bad tail), so a slice whose data ends before ``end`` never searches the
+    # unwritten rest of the segment for a record (the newest segment's tail: 128 MiB of zeros)
+    stop = limit if end >= limit else None
+    position, last = first, None     # last: (position, end) of the last record walked
+    while True:
+        if stop is None and position >= end:
+            stop = find_record_start(buffer, end, limit, segment_start)
+        if last is not None and stop is not None and stop < limit and last[1] > stop:
+            raise CorruptLogError(
+                f"{where}: the record at file position {last[0]} runs to {last[1]}, past position {stop} "
+                f"where the next partition's reader found a record start; read this segment whole "
+                f"(maxBytesPerPartition of at least {limit})")
+        bound = end if stop is None else stop
+        if position >= bound:
+            return
+        step_end = min(bound, position + step)
         result = scan_records_fast(buffer, position, step_end, limit, verify=verify, whole_header=whole_header)
         tail = result.bad_tail
         if tail is not None:
+            if stop is None:
+                stop = find_record_start(buffer, end, limit, segment_start)
             result = replace(result, bad_tail=replace(tail, size=max(stop, tail.position) - tail.position))
-        reached = int(result.positions[-1] + result.sizes[-1]) if len(result.positions) else position
-        if tail is None and stop < limit and reached > stop:
-            raise CorruptLogError(
-                f"{where}: the record at file position {int(result.positions[-1])} runs to {reached}, past "
-                f"position {stop} where the next partition's reader found a record start; read this segment "
-                f"whole (maxBytesPerPartition of at least {limit})")
+        if len(result.positions):
+            last = (int(result.positions[-1]), int(result.positions[-1] + result.sizes[-1]))
+        reached = last[1] if len(result.positions) else position
         yield result
         if tail is not None or reached < step_end:      # a bad tail, or the data ended within the step
             return
