@@ -19,7 +19,7 @@ from .record_walk import find_record_start, scan_records_fast
 from .segments import Bounds, SegmentSlice, map_segment
 
 # a slice is walked and decoded this much at a time: Spark takes in one step's batches while
-# the reader walks the next (a whole 128 MiB slice walked first left Spark idle meanwhile)
+# the reader walks the next, and the reader holds one step's arrays, not a 128 MiB slice's
 SCAN_STEP_BYTES = 16 * 1024 * 1024
 
 
