@@ -45,7 +45,7 @@ RECEIVE_BYTES = 1 << 20
 @contextmanager
 def upstream_process() -> Iterator[tuple[str, int]]:
     """The probe's upstream server in a child process; its (host, port)."""
-    process = subprocess.Popen([sys.executable, "-m", "chaos.toxiproxy.probe", "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-P", "-m", "chaos.toxiproxy.probe", "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -75,7 +75,8 @@ def _run_quietly(main) -> None:
 @contextmanager
 def toxiproxy_subprocess(host: str = DEFAULT_HOST, port: int = 0) -> Iterator[str]:
     """Run ``hastore chaos toxiproxy serve`` as a child process; yield its URL; SIGTERM it on exit."""
-    command = [sys.executable, "-m", "chaos.toxiproxy", "serve", "--host", host, "--port", str(port)]
+    # -P: the caller's working directory is not put on the child's sys.path (see NodeProcess.start)
+    command = [sys.executable, "-P", "-m", "chaos.toxiproxy", "serve", "--host", host, "--port", str(port)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = _read_url(process)

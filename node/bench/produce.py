@@ -159,7 +159,7 @@ class _EchoProcess:
     """``python -m node.echo`` as a subprocess; stopped on exit."""
 
     def __enter__(self) -> "_EchoProcess":
-        self.process = subprocess.Popen([sys.executable, "-m", "node.bench.echo"], stdout=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-P", "-m", "node.bench.echo"], stdout=subprocess.PIPE,
                                         stdin=subprocess.DEVNULL)
         try:
             self.port = read_ready_line(self.process, 30)["port"]

@@ -101,7 +101,7 @@ def _proxy_server(directory: str, previous: list[ProcessSpec], taken: set[int]) 
 def hastore_argv() -> tuple[str, ...]:
     """How to run the hastore CLI: the script beside this interpreter, else ``python -m node.cli``."""
     script = shutil.which("hastore", path=os.path.dirname(sys.executable))
-    return (script,) if script else (sys.executable, "-m", "node.cli")
+    return (script,) if script else (sys.executable, "-P", "-m", "node.cli")
 
 
 def _zookeeper_spec(directory: str, topology: ClusterTopology, previous: list[ProcessSpec],

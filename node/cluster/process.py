@@ -78,7 +78,9 @@ class NodeProcess:
         with open(config_path, "w", encoding="utf-8") as handle:
             yaml.safe_dump(settings, handle)
         stderr_path = os.path.join(directory, "node.stderr.log")
-        command = [sys.executable, *python_options, "-m", "node.cli", "node", "start", "--config", config_path]
+        # -P: the caller's working directory is not put on the node's sys.path (``-m`` would put
+        # it first, ahead of PYTHONPATH: a node started from a checkout ran that checkout's code)
+        command = [sys.executable, "-P", *python_options, "-m", "node.cli", "node", "start", "--config", config_path]
         process = spawn(command, stderr_path, append=False, ready_pipe=True)
         try:
             ready = read_ready_line(process, ready_timeout_s)
