@@ -133,10 +133,7 @@ class Connection:
         if self._reader is None and self._socket is not None and self.closed_error is None \
                 and self._idle_poll.poll(0):
             self._read_while_idle()
-        if self.closed_error is not None:
-            if isinstance(self.closed_error, AuthError):
-                raise AuthError(str(self.closed_error))  # a new connection would be refused alike
-            raise ConnectionLostError(f"connection to {self.address} is closed: {self.closed_error}")
+        self._refuse_if_closed()
         opaque = self._next_opaque
         self._next_opaque += 1
         frame = protocol.encode_frame({"code": int(code), "opaque": opaque, **fields})
@@ -145,6 +142,11 @@ class Connection:
         locked = self._send_lock.locked()
         if locked:
             await self._send_lock.acquire()   # a write is under way: queue behind it, in order
+            try:   # the connection may have failed meanwhile (its auth refused): then not sent
+                self._refuse_if_closed()
+            except BaseException:
+                self._send_lock.release()
+                raise
         pending = self._pending[opaque] = _Pending(opaque, self)
         try:
             sent = write_now(self.stream, frame)
@@ -170,6 +172,13 @@ class Connection:
             if locked:
                 self._send_lock.release()
         return pending
+
+    def _refuse_if_closed(self) -> None:
+        """Raise, before anything is written, if the connection has failed."""
+        if self.closed_error is not None:
+            if isinstance(self.closed_error, AuthError):
+                raise AuthError(str(self.closed_error))  # a new connection would be refused alike
+            raise ConnectionLostError(f"connection to {self.address} is closed: {self.closed_error}")
 
     async def _write_rest(self, data: memoryview) -> None:
         """Write what the socket did not take at once (the caller holds the send lock)."""
@@ -396,6 +405,8 @@ class Connection:
     def _fail_all(self, error: Exception) -> None:
         if self.closed_error is None:
             self.closed_error = error
+        elif isinstance(self.closed_error, AuthError):
+            error = self.closed_error   # the node read nothing on this connection: not "lost"
         pending, self._pending = self._pending, {}
         for item in pending.values():
             item.error = error

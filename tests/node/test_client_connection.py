@@ -4,6 +4,7 @@ task when the leader leaves with requests still waiting. Pipelining, cancellatio
 deadlines and connection loss, over in-memory streams and over real sockets."""
 
 import socket
+from functools import partial
 
 import pytest
 import trio
@@ -404,4 +405,39 @@ async def test_a_producer_retries_a_send_on_a_connection_the_node_closed_while_i
                 stats = producer.statistics()
         assert [r.queue_offset for r in results] == [1, 2, 3] and len(connections) == 3
         assert stats.unknown_messages == 0 and stats.sent_messages == 3 and stats.retries == 2
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_request_queued_behind_a_write_when_authentication_fails_is_a_refusal_not_an_unknown():
+    # A request waiting for the send lock while the node's auth challenge is read (a client
+    # with no secret) went out afterwards on the failed connection, and the node's close
+    # then made its outcome unknown. Nothing is read before authentication: it is refused.
+    async with trio.open_nursery() as nursery:
+        connection, node = await _open(nursery, "socket")
+        node.pause_reading()
+        outcome = {}
+
+        async def call(tag: str, **fields) -> None:
+            try:
+                await connection.request(RequestCode.STATUS, tag=tag, **fields)
+            except Exception as error:     # noqa: BLE001 - the test records each caller's error
+                outcome[tag] = type(error).__name__
+        nursery.start_soon(call, "leader")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(partial(call, "big", padding=b"p" * 8_000_000))   # holds the send lock
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(call, "queued")                                       # waits for the lock
+        await trio.testing.wait_all_tasks_blocked()
+        await node.stream.send_all(encode_frame({"code": int(RequestCode.AUTH_CHALLENGE), "opaque": 0,
+                                                 "nonce": b"n" * 16}))
+        await trio.testing.wait_all_tasks_blocked()
+        node.resume_reading()                    # the big frame goes out whole; the lock is free
+        await trio.testing.wait_all_tasks_blocked()
+        await node.stream.aclose()               # the node closes, as it does after a failed auth
+        with trio.fail_after(5):
+            while len(outcome) < 3:
+                await trio.sleep(0.01)
+        assert outcome == {"leader": "AuthError", "big": "AuthError", "queued": "AuthError"}
+        assert [r["tag"] for r in node.requests][:2] == ["leader", "big"]
         nursery.cancel_scope.cancel()
