@@ -142,11 +142,9 @@ class Connection:
         locked = self._send_lock.locked()
         if locked:
             await self._send_lock.acquire()   # a write is under way: queue behind it, in order
-            try:   # the connection may have failed meanwhile (its auth refused): then not sent
-                self._refuse_if_closed()
-            except BaseException:
+            if self.closed_error is not None:  # it failed meanwhile (its auth refused): not sent
                 self._send_lock.release()
-                raise
+                self._refuse_if_closed()
         pending = self._pending[opaque] = _Pending(opaque, self)
         try:
             sent = write_now(self.stream, frame)
