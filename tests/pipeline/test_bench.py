@@ -17,7 +17,8 @@ def test_every_case_of_the_scan_bench_runs_on_a_small_store(spark, tmp_path):
     assert built["messages"] == 3000 and built["body_spread"] == 100
     figures = bench.measure(spark, str(tmp_path / "store"), str(tmp_path / "export"), 3000, 1, built["body_bytes"])
     cases = ("commitlog_no_body", "commitlog_no_body_no_crc", "commitlog_topic_only", "commitlog_topic_crc",
-             "commitlog_with_body", "parquet_no_body", "parquet_with_body", "python_source_no_work")
+             "commitlog_with_body", "parquet_no_body", "parquet_with_body", "python_source_no_work",
+             "python_source_no_work_all_columns")
     for case in cases:
         assert 0 < figures[case]["best_s"] <= figures[case]["median_s"] and figures[case]["rows_per_s"] > 0, case
         assert len(figures[case]["runs_s"]) == 1
@@ -29,6 +30,8 @@ def test_every_case_of_the_scan_bench_runs_on_a_small_store(spark, tmp_path):
     ceiling = figures["target"]["python_source_ceiling"]
     assert ceiling == figures["ratios"]["python_source_no_work_vs_parquet_no_body"] > 0
     assert figures["target"]["projected_share_of_ceiling"] == round(ratio / ceiling, 3)
+    assert figures["target"]["all_columns_ceiling"] == \
+        figures["ratios"]["python_source_no_work_all_columns_vs_parquet_no_body"] > 0
     assert figures["record_bytes"] > built["body_bytes"]        # headers and properties besides
     assert os.path.isdir(tmp_path / "export")
 
