@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import trio
+
+_read_buffers = threading.local()   # read_now's buffer, one per thread
 
 
 async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes:
@@ -45,16 +48,25 @@ async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes:
 
 def read_now(socket, max_bytes: int) -> bytes | None:
     """What the socket holds now (b"" at its end), or None when nothing waits. Never a
-    scheduling point. ClosedResourceError once closed, BrokenResourceError if it failed."""
+    scheduling point. ClosedResourceError once closed, BrokenResourceError if it failed.
+
+    The bytes are read into this thread's buffer and copied out at their size: ``os.read``
+    allocates ``max_bytes`` first, and glibc maps an allocation of 256 KiB afresh each time,
+    then shrinks and unmaps it (three system calls and two page faults for a 100-byte reply,
+    ~50 us of a one-at-a-time client's ~230 us of CPU a send here)."""
     fd = socket.fileno()
     if fd < 0:
         raise trio.ClosedResourceError("the socket was closed")
+    buffer = getattr(_read_buffers, "view", None)
+    if buffer is None or len(buffer) < max_bytes:
+        buffer = _read_buffers.view = memoryview(bytearray(max_bytes))
     try:
-        return os.read(fd, max_bytes)
+        count = os.readv(fd, (buffer[:max_bytes],))
     except BlockingIOError:
         return None
     except OSError as error:
         raise _stream_error(error, "read") from error
+    return bytes(buffer[:count])
 
 
 def write_now(stream: trio.abc.Stream, data: bytes | memoryview) -> int:
