@@ -42,6 +42,11 @@ class StoreConfig:
     disk_full_policy: str = "delete_oldest"
     # Background scrub (store/scrub.py): flushed CommitLog bytes re-read and CRC-checked per second.
     scrub_bytes_per_s: int = 4 * 1024 * 1024
+    # The scrub's rate while the log grows (puts, or a slave's replicated appends): the scrub
+    # yields to the writes. Its checks run in a worker thread that takes the GIL from the
+    # node's loop, and under a one-at-a-time sync load 4 MiB/s of them cost every node far more
+    # than their own CRC work (node/server/integrity.py).
+    scrub_busy_bytes_per_s: int = 512 * 1024
     # After a whole walk the scrub goes on with newly flushed bytes only, and starts over
     # from the log's first offset no sooner than this after the walk began: a small log is
     # not re-read many times a minute (each walk holds the GIL for its CRC work). 0: at once.
@@ -80,6 +85,8 @@ class StoreConfig:
             problems.append(f"disk_full_policy must be 'delete_oldest' or 'refuse_writes', not {self.disk_full_policy!r}")
         if self.scrub_bytes_per_s <= 0:
             problems.append("scrub_bytes_per_s must be positive")
+        if self.scrub_busy_bytes_per_s <= 0:
+            problems.append("scrub_busy_bytes_per_s must be positive")
         if self.scrub_pass_interval_ms < 0:
             problems.append("scrub_pass_interval_ms must be 0 or more")
         if self.file_reserved_hours <= 0:

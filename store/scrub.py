@@ -12,7 +12,9 @@ up (``repair.overwrite_range``).
 No thread of its own: the owner calls ``step(now_s)`` from whatever loop it runs (the
 node's dispatch loop, a timer). Each step checks at most what the rate allows since the
 previous one (``bytes_per_s``; at most one second's worth after a long pause) and returns
-at once when nothing is due. Progress is in ``statistics()``.
+at once when nothing is due. A step the owner calls ``busy`` (the store is being written)
+allows ``busy_bytes_per_s`` instead: the scrub yields to the writes. Progress is in
+``statistics()``.
 """
 
 from __future__ import annotations
@@ -34,20 +36,25 @@ class ScrubStatistics:
     records_checked: int
     corrupt_records_found: int
     bytes_per_s: int
+    busy_bytes_per_s: int         # the rate of a busy step
+    busy: bool                    # the last step was busy
 
 
 class Scrub:
     """Bounded-rate CRC walk over the flushed CommitLog."""
 
     def __init__(self, commit_log: CommitLog, integrity: Integrity, *, bytes_per_s: int,
-                 pass_interval_s: float = 0.0) -> None:
-        if bytes_per_s <= 0:
-            raise ValueError("bytes_per_s must be positive")
+                 pass_interval_s: float = 0.0, busy_bytes_per_s: int | None = None) -> None:
+        busy_bytes_per_s = bytes_per_s if busy_bytes_per_s is None else busy_bytes_per_s
+        if bytes_per_s <= 0 or busy_bytes_per_s <= 0:
+            raise ValueError("bytes_per_s and busy_bytes_per_s must be positive")
         if pass_interval_s < 0:
             raise ValueError("pass_interval_s must be 0 or more")
         self.commit_log = commit_log
         self.integrity = integrity
         self.bytes_per_s = bytes_per_s
+        self.busy_bytes_per_s = busy_bytes_per_s
+        self.busy = False
         self.pass_interval_s = pass_interval_s
         self.position = commit_log.min_offset
         self._pass_started_s: float | None = None   # when the current walk began (None: not yet)
@@ -58,13 +65,16 @@ class Scrub:
         self._last_step_s: float | None = None
         self._walk_complete = False                 # this walk reached the flushed offset
 
-    def step(self, now_s: float | None = None) -> int:
-        """Check the records the rate allows since the last step; return the bytes checked."""
+    def step(self, now_s: float | None = None, *, busy: bool = False) -> int:
+        """Check the records the rate allows since the last step (``busy_bytes_per_s`` when
+        ``busy``); return the bytes checked."""
         now_s = time.monotonic() if now_s is None else now_s
+        self.busy = busy
         if self._last_step_s is None:
             self._last_step_s = now_s
             return 0
-        budget = int(min(1.0, max(0.0, now_s - self._last_step_s)) * self.bytes_per_s)
+        rate = self.busy_bytes_per_s if busy else self.bytes_per_s
+        budget = int(min(1.0, max(0.0, now_s - self._last_step_s)) * rate)
         if budget <= 0:
             return 0
         self._last_step_s = now_s
@@ -127,4 +137,4 @@ class Scrub:
 
     def statistics(self) -> ScrubStatistics:
         return ScrubStatistics(self.position, self.passes_completed, self.bytes_checked, self.records_checked,
-                               self.corrupt_records_found, self.bytes_per_s)
+                               self.corrupt_records_found, self.bytes_per_s, self.busy_bytes_per_s, self.busy)

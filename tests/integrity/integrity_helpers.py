@@ -18,6 +18,7 @@ SECRET = "s3cret"
 SMALL_STORE = {"commitlog_segment_bytes": 256 * 1024, "index_hash_slots": 1024, "index_max_entries": 16384,
                "consume_queue_entries_per_file": 4096, "preallocate_next_segment": False,
                "scrub_bytes_per_s": 4 * 1024 * 1024,
+               "scrub_busy_bytes_per_s": 4 * 1024 * 1024,   # a flip is found as fast while the log grows
                "scrub_pass_interval_ms": 0}   # flips land behind the walk: go around at once
 
 BODY_AT = 100    # a byte inside the body of a record of the messages ``produce`` sends

@@ -97,3 +97,22 @@ def test_a_pass_interval_must_not_be_negative(tmp_path):
             Scrub(store.commit_log, store.integrity, bytes_per_s=1, pass_interval_s=-1)
     finally:
         store.shutdown()
+
+
+def test_a_busy_step_checks_at_the_busy_rate(tmp_path):
+    store = MessageStore(make_config(tmp_path / "s", flush="sync", commitlog_segment_bytes=1 << 20))
+    store.start()
+    try:
+        store.put_batch([Message(topic="S", body=b"." * 200) for _ in range(400)])
+        scrub = Scrub(store.commit_log, store.integrity, bytes_per_s=40_000, busy_bytes_per_s=4_000)
+        assert scrub.step(0.0) == 0
+        busy = scrub.step(1.0, busy=True)              # one second at 4,000 bytes/s
+        assert 4_000 <= busy < 4_000 + 300 and scrub.statistics().busy
+        idle = scrub.step(2.0)                         # one second at 40,000
+        assert 40_000 <= idle < 40_000 + 300 and not scrub.statistics().busy
+        stats = scrub.statistics()
+        assert (stats.bytes_per_s, stats.busy_bytes_per_s, stats.bytes_checked) == (40_000, 4_000, busy + idle)
+        with pytest.raises(ValueError):
+            Scrub(store.commit_log, store.integrity, bytes_per_s=1, busy_bytes_per_s=0)
+    finally:
+        store.shutdown()
