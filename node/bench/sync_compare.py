@@ -86,6 +86,14 @@ message for a fixed workload and /proc CPU per message in the same runs):
   frames; batch encoding, dispatch and record checks do less Python per message. Batched
   CPU a message: master 17.5-17.9 -> 13.4-14.8, each slave 5.6-6.0 -> 3.6-4.3 µs; single
   send: master 650-670 -> 500-530, each slave 250-260 -> 170-180 µs.
+- Stop 17 (a machine about half as fast, so every figure about doubled): a node alone spends
+  ~420 µs of CPU on a one-at-a-time send that makes 466 Python calls (cProfile, counted over
+  3,000 sends), against ~70 µs for a bare trio echo; the master of a group makes 934 calls
+  and 4.8 loop passes a send, a slave 255 calls and 1.3 passes a frame. Every process pays
+  about 1 µs a call, cold. Two costs came out: the client's reads (``os.read`` of 256 KiB
+  mapped and unmapped a fresh buffer each time: client CPU a send 230 -> 177 µs, alone) and
+  the background scrub's GIL contention (it now checks at 512 KiB/s while the log grows:
+  alternated one-round runs, group CPU a single send 2,350/1,780 -> 1,870/1,700 µs).
 """
 
 from __future__ import annotations
