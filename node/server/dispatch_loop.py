@@ -99,8 +99,12 @@ async def serve_dispatch(dispatcher: Dispatcher, *, pass_bytes_max: int = PASS_B
             if dispatcher.dispatch_pass(pass_bytes_max) is None or dispatcher.lag_bytes <= 0:
                 # caught up, or stopped (a cut in progress: start() sets the wake) or failed
                 await wake.wait()
-                with trio.move_on_after(dispatcher.interval_s):
-                    await trio.testing.wait_all_tasks_blocked()  # the loop idle, or interval_s
+                # a pass elsewhere (a busy-polling reader's idle_pass) may have taken it all:
+                # then the pass at the top only clears the flag, with no wait for an idle loop
+                # (a step of this task less a put)
+                if dispatcher.lag_bytes > 0:
+                    with trio.move_on_after(dispatcher.interval_s):
+                        await trio.testing.wait_all_tasks_blocked()  # the loop idle, or interval_s
             else:
                 await trio.lowlevel.checkpoint()  # a backlog: let other tasks run between passes
     finally:

@@ -135,6 +135,46 @@ async def test_a_busy_loop_gets_its_pass_after_the_interval(tmp_path):
         store.shutdown()
 
 
+class _TaskSteps(trio.abc.Instrument):
+    """Counts the steps of the tasks named ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.steps = name, 0
+
+    def before_task_step(self, task) -> None:
+        if task.name.endswith(self.name):
+            self.steps += 1
+
+
+@pytest.mark.trio
+async def test_a_wake_whose_bytes_were_dispatched_elsewhere_costs_the_task_one_step(tmp_path):
+    # a busy-polling reader's idle pass dispatched what woke the task: the task's own pass
+    # then runs at once (it only clears the flag), with no second step after an idle loop,
+    # and the next write wakes it again
+    store = MessageStore(StoreConfig(store_path=str(tmp_path / "s"), dispatcher_thread=False,
+                                     dispatch_interval_ms=50, **SMALL_STORE))
+    store.start()
+    steps = _TaskSteps("serve_dispatch")
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_dispatch, store.dispatcher)
+            await trio.testing.wait_all_tasks_blocked()
+            before = steps.steps
+            store.append([Message("t", b"x", queue_id=0)])        # sets the flag, wakes the task
+            assert store.dispatcher.dispatch_pass() == 1          # as busy_poll's idle_pass does
+            # a cushion: the idle waiter with the least cushion (the dispatch task) goes first
+            await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+            assert steps.steps - before == 1 and not store.dispatcher.wake.is_set()
+            store.append([Message("t", b"y", queue_id=0)])
+            await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+            assert store.max_offset("t", 0) == 2                 # woken again: not stalled
+            nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+        store.shutdown()
+
+
 @pytest.mark.trio
 async def test_a_backlog_is_dispatched_in_bounded_passes_between_other_work(tmp_path):
     store = loop_store(tmp_path / "s")
