@@ -57,10 +57,9 @@ class IntegrityGuard:
         self.store = store
         self.repairer = repairer
         config = store.config
-        self.scrub = Scrub(store.commit_log, store.integrity,
-                           bytes_per_s=scrub_bytes_per_s or config.scrub_bytes_per_s,
-                           busy_bytes_per_s=min(scrub_bytes_per_s or config.scrub_bytes_per_s,
-                                                config.scrub_busy_bytes_per_s),
+        rate = scrub_bytes_per_s or config.scrub_bytes_per_s
+        self.scrub = Scrub(store.commit_log, store.integrity, bytes_per_s=rate,
+                           busy_bytes_per_s=min(rate, config.scrub_busy_bytes_per_s),
                            pass_interval_s=config.scrub_pass_interval_ms / 1000)
         self.scrub_errors = 0
         self._log_end = store.commit_log.max_offset   # at the last step: busy if it moved
