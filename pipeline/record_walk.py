@@ -131,8 +131,6 @@ def field_values(data: np.ndarray, dtype) -> np.ndarray:
     return np.ndarray((max(0, len(data) - dtype.itemsize + 1),), dtype=dtype, buffer=data, strides=(1,))
 
 
-
-
 def crc_verdicts(buffer, data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, layout) -> np.ndarray:
     """Per record (whose lengths hold; ``layout``: their RecordLayout): whether its CRCs hold,
     as ``check_record`` says."""
