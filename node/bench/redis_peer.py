@@ -241,22 +241,24 @@ class RedisGroup:
         self.stop()
 
 
-def run_batched(client, key: str, *, seconds: float, messages_max: int, replicas: int = REPLICAS) -> dict:
-    """Pipelines of XADD x 100 + ``WAIT replicas``, back to back on one connection, until
-    ``seconds`` pass or ``messages_max`` are sent; acked messages per second."""
+def run_batched(client, key: str, *, seconds: float, messages_max: int, replicas: int = REPLICAS,
+                pipeline_messages: int = PIPELINE_MESSAGES) -> dict:
+    """Pipelines of XADD x ``pipeline_messages`` (100) + ``WAIT replicas``, back to back on
+    one connection, until ``seconds`` pass or ``messages_max`` are sent; acked messages per
+    second."""
     acked = failed = 0
     started = time.perf_counter()
     deadline = started + seconds
     while time.perf_counter() < deadline and acked + failed < messages_max:
         pipe = client.pipeline(transaction=False)
-        for _ in range(PIPELINE_MESSAGES):
+        for _ in range(pipeline_messages):
             pipe.xadd(key, {"body": BODY})
         pipe.execute_command("WAIT", replicas, WAIT_TIMEOUT_MS)
         replies = pipe.execute()
         if replies[-1] >= replicas:
-            acked += PIPELINE_MESSAGES
+            acked += pipeline_messages
         else:
-            failed += PIPELINE_MESSAGES
+            failed += pipeline_messages
     elapsed = time.perf_counter() - started
     return {"acked": acked, "failed": failed, "seconds": round(elapsed, 3), "msgs_per_s": round(acked / elapsed, 1)}
 

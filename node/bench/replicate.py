@@ -206,12 +206,27 @@ async def _produce_phase(directory: str, name: str, slaves: int, seconds: float,
               help="Instead: sync replication to two slaves beside this peer (Redis + WAIT 2), interleaved "
                    "rounds, medians and ratios (node/bench/sync_compare.py).")
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(1, 20), help="Rounds with --peer.")
-def bench_replicate_command(catchup_gib, seconds, samples, directory, catchup_only, as_json, peer, rounds) -> None:
+@click.option("--batch-costs", "batch_sizes", default=None, metavar="SIZES",
+              help="With --peer: then the batched workload again at each of these batch sizes (e.g. 16,64,256; "
+                   "hastore batches, Redis pipelines), and each process's CPU split into per message and per "
+                   "batch (node/bench/batch_costs.py). Adds sizes x rounds x 2 x --seconds.")
+def bench_replicate_command(catchup_gib, seconds, samples, directory, catchup_only, as_json, peer, rounds,
+                            batch_sizes) -> None:
     """Catch-up rate of an empty slave, produce throughput async vs sync, single sync send latency;
     with --peer redis, hastore's sync replication against Redis's."""
+    if batch_sizes is not None and peer is None:
+        raise click.UsageError("--batch-costs splits the comparison's batched CPU: it needs --peer redis")
     if peer is not None:
+        from .batch_costs import parse_sizes
         from .sync_compare import compare_command
-        return compare_command(peer, rounds, seconds, samples, directory, as_json)
+        sizes = None
+        if batch_sizes is not None:
+            try:
+                sizes = parse_sizes(batch_sizes)
+            except click.BadParameter as error:
+                error.param_hint = "'--batch-costs'"
+                raise
+        return compare_command(peer, rounds, seconds, samples, directory, as_json, sizes)
     async def main(root: str) -> dict:
         report: dict = {"targets": TARGETS}
         click.echo("catch-up ...", err=True)

@@ -109,7 +109,7 @@ import trio
 
 from ..client import OutgoingMessage, open_admin, open_producer
 from ..errors import BenchPeerError
-from . import redis_peer
+from . import batch_costs, redis_peer
 
 BODY = b"r" * 1024
 REPLICAS = 2
@@ -254,18 +254,19 @@ async def _message_count(address: str, topic: str) -> int:
 
 
 async def hastore_batched(address: str, topic: str, meter: CpuMeter, *, seconds: float,
-                          messages_max: int) -> dict:
-    """Batches of 64, 8 in flight, until ``seconds`` pass or ``messages_max`` are sent."""
+                          messages_max: int, batch_messages: int = BATCH_MESSAGES) -> dict:
+    """Batches of ``batch_messages`` (64), 8 in flight, until ``seconds`` pass or
+    ``messages_max`` are sent."""
     acked = failed = 0
     last_offset = -1
-    async with open_producer(address, batch_count_max=BATCH_MESSAGES, in_flight_max=IN_FLIGHT) as producer:
+    async with open_producer(address, batch_count_max=batch_messages, in_flight_max=IN_FLIGHT) as producer:
         started = time.perf_counter()
         deadline = started + seconds
 
         async def worker() -> None:
             nonlocal acked, failed, last_offset
             while time.perf_counter() < deadline and acked + failed < messages_max:
-                results = await producer.send_batch(topic, [OutgoingMessage(BODY) for _ in range(BATCH_MESSAGES)])
+                results = await producer.send_batch(topic, [OutgoingMessage(BODY) for _ in range(batch_messages)])
                 for result in results:
                     if result.ok:
                         acked += 1
@@ -514,6 +515,8 @@ def report_lines(report: dict) -> list[str]:
             f"{name} {value} ({'met' if met.get(name) else 'not met'})" for name, value in ratios.items()))
         lines.append(f"targets: batched >= {TARGETS['batched_min']}, per CPU >= {TARGETS['batched_per_cpu_min']}, "
                      f"single p50 <= {TARGETS['single_p50_max']}, p99 <= {TARGETS['single_p99_max']}")
+    if "batch_costs" in report:
+        lines += batch_costs.report_lines(report["batch_costs"])
     lines.append("stored what was acked: " + ("yes, on every member of both sides" if report["stored_ok"]
                                               else "NO: see stored in --json"))
     return lines
@@ -521,8 +524,10 @@ def report_lines(report: dict) -> list[str]:
 
 # --- the whole comparison ------------------------------------------------------------------
 def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seconds: float = 5.0,
-                   samples: int = 1000, messages_max: int = 1_000_000) -> dict:
-    """Start both sides under ``directory``, run ``rounds`` rounds, stop every process; the report."""
+                   samples: int = 1000, messages_max: int = 1_000_000,
+                   batch_sizes: tuple[int, ...] | None = None) -> dict:
+    """Start both sides under ``directory``, run ``rounds`` rounds, stop every process; the
+    report. With ``batch_sizes``, then the batched workload at each size (batch_costs.py)."""
     if peer != "redis":
         raise BenchPeerError(f"unknown peer {peer!r}: the comparison knows 'redis'")
     peer_missing = redis_peer.peer_problem()
@@ -533,10 +538,12 @@ def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seco
             comparison = Comparison(hastore, redis_group, seconds=seconds, samples=samples,
                                     messages_max=messages_max)
             try:
-                async def main() -> list[dict]:
+                async def main() -> tuple[list[dict], dict | None]:
                     await hastore.wait_in_sync()
-                    return [await comparison.run_round(index) for index in range(rounds)]
-                measured = trio.run(main)
+                    rounds_measured = [await comparison.run_round(index) for index in range(rounds)]
+                    costs = await batch_costs.measure(comparison, batch_sizes, rounds) if batch_sizes else None
+                    return rounds_measured, costs
+                measured, costs = trio.run(main)
             finally:
                 comparison.close()
         finally:
@@ -547,11 +554,13 @@ def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seco
     summary = summarize(measured)
     stored_ok = all(check["ok"] for figures in measured for side in ("hastore", "redis")
                     for check in (figures["stored"][side] or {}).values())
+    if costs is not None:
+        stored_ok = stored_ok and all(figures["stored_ok"] for figures in costs["rounds"])
     return {"peer": peer, "peer_missing": peer_missing, "redis_version": redis_peer.redis_version(),
             "hiredis": _hiredis(), "settings": {"rounds": rounds, "seconds": seconds, "samples": samples,
                                                 "messages_max": messages_max, "body_bytes": len(BODY)},
             "rounds": measured, **summary, "targets": TARGETS, "targets_met": targets_met(summary["ratios"]),
-            "stored_ok": stored_ok}
+            "stored_ok": stored_ok, **({"batch_costs": costs} if costs is not None else {})}
 
 
 def _hiredis() -> bool | None:
@@ -563,15 +572,17 @@ def _hiredis() -> bool | None:
 
 
 def compare_command(peer: str, rounds: int, seconds: float, samples: int, directory: str | None,
-                    as_json: bool) -> None:
+                    as_json: bool, batch_sizes: tuple[int, ...] | None = None) -> None:
     """What ``hastore bench replicate --peer redis`` does: run, print, exit 1 if a side lost an ack."""
     try:
         if directory:
             os.makedirs(directory, exist_ok=True)
-            report = run_comparison(directory, peer=peer, rounds=rounds, seconds=seconds, samples=samples)
+            report = run_comparison(directory, peer=peer, rounds=rounds, seconds=seconds, samples=samples,
+                                    batch_sizes=batch_sizes)
         else:
             with tempfile.TemporaryDirectory(prefix="hastore-bench-sync-compare-") as root:
-                report = run_comparison(root, peer=peer, rounds=rounds, seconds=seconds, samples=samples)
+                report = run_comparison(root, peer=peer, rounds=rounds, seconds=seconds, samples=samples,
+                                        batch_sizes=batch_sizes)
     except BenchPeerError as error:
         raise click.ClickException(str(error)) from None
     if report["peer_missing"]:

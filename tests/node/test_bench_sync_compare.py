@@ -18,8 +18,8 @@ from node.bench import redis_peer, sync_compare
 TINY = ["--rounds", "1", "--seconds", "0.5", "--samples", "30", "--json"]
 
 
-def _bench(env=None) -> dict:
-    done = subprocess.run([sys.executable, "-m", "node.cli", "bench", "replicate", "--peer", "redis", *TINY],
+def _bench(env=None, *extra: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "node.cli", "bench", "replicate", "--peer", "redis", *TINY, *extra],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), done.stderr
@@ -40,7 +40,7 @@ def _check_side(figures: dict, processes: set[str]) -> None:
 @pytest.mark.integration
 @pytest.mark.skipif(redis_peer.peer_problem() is not None, reason=f"{redis_peer.peer_problem()}")
 def test_comparison_runs_both_sides_and_both_hold_what_they_acked():
-    report, _ = _bench()
+    report, _ = _bench(None, "--batch-costs", "8,32")
     assert report["peer_missing"] is None and report["redis_version"]
     (only,) = report["rounds"]
     _check_side(only["hastore"], {"master", "slave0", "slave1"})
@@ -57,6 +57,18 @@ def test_comparison_runs_both_sides_and_both_hold_what_they_acked():
     assert report["ratios"]["batched"] == round(
         medians["hastore"]["batched"]["msgs_per_s"] / medians["redis"]["batched"]["msgs_per_s"], 3)
     assert set(report["targets_met"]) == set(report["ratios"])
+    # --batch-costs: the batched workload again at each size, on both sides, every ack held
+    costs = report["batch_costs"]
+    assert costs["sizes"] == [8, 32]
+    (costs_round,) = costs["rounds"]
+    assert costs_round["stored_ok"] is True
+    for side, processes in (("hastore", {"master", "slave0", "slave1"}), ("redis", {"primary", "replica0", "replica1"})):
+        for size in ("8", "32"):
+            run = costs_round[side][size]
+            assert run["acked"] > 0 and run["failed"] == 0
+            assert set(run["cpu_us_per_msg"]) == processes | {"client", "total"}
+        assert set(costs["fit"][side]) == processes | {"client", "total"}
+    assert set(costs["ratios"]) == {"per_message", "per_batch"}
 
 
 @pytest.mark.integration
