@@ -63,6 +63,9 @@ INLINE_APPEND_BYTES_MAX = 1024 * 1024
 FRAME_BUFFERS = 3
 # frames applied at most under one ack when they arrive back to back
 ACK_FRAMES_MAX = 4
+# the share of read_timeout_ms by which the read timeout may come early: its deadline is
+# moved forward at most once per this share of it, not at every frame
+READ_TIMEOUT_SLACK = 0.1
 # what ends a session without being a bug: the client reconnects after a backoff
 SESSION_FAILURES = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                     ReplicationError, StoreError)
@@ -287,6 +290,11 @@ class HAClient:
         scheduling points only when they must wait (the applier is three frames behind)."""
         master_epochs = welcome.epochs
         timeout_s = self.settings.read_timeout_ms / 1000
+        # the read timeout's deadline moves at most once per this much time (a move is a remove
+        # and an add in trio's deadline heap, two a put when it was moved per frame): the
+        # session ends after between timeout - slack and timeout without a frame
+        slack_s = timeout_s * READ_TIMEOUT_SLACK
+        moved_at = -math.inf
         expected = self.store.max_offset  # where the next frame must start
         buffer = None
         unacked = 0  # frames appended here since the last ack
@@ -297,8 +305,12 @@ class HAClient:
                         buffer = free_buffers.receive_nowait()
                     except trio.WouldBlock:
                         waited.deadline = math.inf  # outside the read timeout: the disk may be slow
+                        moved_at = -math.inf
                         buffer = await free_buffers.receive()
-                waited.deadline = trio.current_time() + timeout_s
+                now = trio.current_time()
+                if now - moved_at >= slack_s:
+                    waited.deadline = now + timeout_s
+                    moved_at = now
                 if unacked and reader.buffered_bytes < protocol.DATA_HEADER.size:
                     # frames appended here are acked before the receiver may wait on the
                     # socket: at once when no next header is here, and after a CONFIRM or a
@@ -335,6 +347,7 @@ class HAClient:
                     frames.send_nowait((offset, entry, data, buffer))
                 except trio.WouldBlock:
                     waited.deadline = math.inf
+                    moved_at = -math.inf
                     await frames.send((offset, entry, data, buffer))
                 buffer = None
         raise HaProtocolError(f"nothing from the master for {self.settings.read_timeout_ms} ms")
