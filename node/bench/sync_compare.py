@@ -94,6 +94,23 @@ message for a fixed workload and /proc CPU per message in the same runs):
   mapped and unmapped a fresh buffer each time: client CPU a send 230 -> 177 µs, alone) and
   the background scrub's GIL contention (it now checks at 512 KiB/s while the log grows:
   alternated one-round runs, group CPU a single send 2,350/1,780 -> 1,870/1,700 µs).
+- Stop 18: ``--batch-costs 16,64,256`` (batch_costs.py) splits each process's batched CPU
+  into a cost per message and per batch. Medians of 3 rounds: hastore 52 µs a message
+  (master 27, each slave 8.5, client 8.6) and 1,057 µs a batch (master 449, each slave
+  ~200, client 146); Redis 67 µs a message (primary 19, each replica 13.5, redis-py 20)
+  and 236 µs a pipeline. So hastore already spends less per message (0.79x) and loses on
+  the fixed cost of a request, 4.5x Redis's; at 64 messages a batch the two about cancel.
+  The master's own message work is spread thin: callgrind, its trio thread, 57k
+  instructions a batched message with no function above 8 % (memcpy 7 %, the eval loop
+  7 %, pymalloc 6 %, ``map`` 5 %, isal 2 %); warm in one process the store's part is
+  ~10 µs (append 4.7 + dispatch 1-2.6 + reading the frame 0.4). A slave's read timeout
+  moved its deadline at every frame (two a one-at-a-time put, its CONFIRM and its data):
+  now at most once per tenth of the timeout, 240 -> 211 Python calls a send on a slave,
+  slave CPU a single send 297-325 -> 221-312 µs over four alternated pairs. Tried and not
+  kept (alternated pairs, no gain beyond the noise): the master's dispatch pass held back
+  while a sync put waits for its acks; no busy polling while one does; the scrub at 1
+  B/s (single p99 unchanged: the tail is four processes sharing two cores, not the scrub);
+  a larger gen-0 GC threshold.
 """
 
 from __future__ import annotations
