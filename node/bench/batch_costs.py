@@ -27,6 +27,7 @@ import click
 import trio
 
 from . import redis_peer
+from .cpu_meter import CpuMeter
 
 SIZES_MAX = 8
 # the largest batch: 512 messages of 1 KiB stay one request (a producer's batch holds up to 1 MiB)
@@ -99,7 +100,7 @@ async def measure(comparison, sizes: tuple[int, ...], rounds: int) -> dict:
 
 
 async def _round(comparison, sizes: tuple[int, ...], index: int) -> dict:
-    from .sync_compare import CpuMeter, hastore_batched
+    from .sync_compare import hastore_batched   # sync_compare imports this module
     hastore = comparison.hastore
     figures: dict = {"round": index + 1, "hastore": {}, "redis": {} if comparison.redis is not None else None,
                      "stored_ok": True}

@@ -127,6 +127,7 @@ import trio
 from ..client import OutgoingMessage, open_admin, open_producer
 from ..errors import BenchPeerError
 from . import batch_costs, redis_peer
+from .cpu_meter import CpuMeter
 
 BODY = b"r" * 1024
 REPLICAS = 2
@@ -136,49 +137,12 @@ QUEUES = 4
 LATENCY_BLOCK = 100
 SETUP_DEADLINE_S = 120
 STORED_DEADLINE_S = 60
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 TARGETS = {"batched_min": 1.5, "batched_per_cpu_min": 1.5, "single_p50_max": 1.3, "single_p99_max": 1.5}
 # big segments and index files: no roll-over mid-measurement (as node/bench/produce.py)
 NODE_SETTINGS = {"flush": "async",
                  "store": {"commitlog_segment_bytes": 1 << 30, "index_hash_slots": 1_000_000,
                            "index_max_entries": 4_000_000}}
 SYNC_SETTINGS = {"replication": "sync", "min_in_sync_replicas": REPLICAS + 1, "all_ack_in_sync_state_set": True}
-
-
-# --- CPU from /proc ------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """utime + stime + cutime + cstime of ``pid`` in seconds (/proc/PID/stat fields 14-17)."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        fields = handle.read().rsplit(b")", 1)[1].split()
-    # fields[0] is the state (field 3); utime is field 14
-    return sum(int(value) for value in fields[11:15]) / TICKS_PER_S
-
-
-class CpuMeter:
-    """CPU seconds of named processes (this client process among them) over measured windows."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = {**pids, "client": os.getpid()}
-        self.spent = dict.fromkeys(self.pids, 0.0)
-        self._start: dict[str, float] | None = None
-
-    def begin(self) -> None:
-        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-
-    def end(self) -> None:
-        if self._start is None:
-            raise RuntimeError("CpuMeter.end without begin")
-        for name, pid in self.pids.items():
-            self.spent[name] += cpu_seconds(pid) - self._start[name]
-        self._start = None
-
-    def per_message_us(self, messages: int) -> dict[str, float]:
-        """Each process's CPU per message (µs) and the side's ``total``."""
-        spent = {**self.spent, "total": sum(self.spent.values())}
-        return {name: round(seconds * 1e6 / max(1, messages), 1) for name, seconds in spent.items()}
-
-    def messages_per_cpu_s(self, messages: int) -> float:
-        return round(messages / max(1e-9, sum(self.spent.values())), 1)
 
 
 # --- the hastore side ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from node.bench import redis_peer, sync_compare
+from node.bench import cpu_meter, redis_peer, sync_compare
 
 TINY = ["--rounds", "1", "--seconds", "0.5", "--samples", "30", "--json"]
 
@@ -112,7 +112,7 @@ def test_without_a_peer_there_are_no_ratios():
 
 
 def test_cpu_seconds_of_this_process_grow_with_work():
-    meter = sync_compare.CpuMeter({})
+    meter = cpu_meter.CpuMeter({})
     meter.begin()
     total = 0
     for value in range(3_000_000):  # ~0.1 s of CPU: well over a clock tick
