@@ -191,6 +191,12 @@ async def _produce_phase(directory: str, name: str, slaves: int, seconds: float,
             node.stop()
 
 
+def _batch_sizes(ctx, param, value: str | None) -> tuple[int, ...] | None:
+    """``--batch-costs 16,64,256`` as sizes (click names the option in a refusal)."""
+    from .batch_costs import parse_sizes
+    return None if value is None else parse_sizes(value)
+
+
 @click.command("replicate")
 @click.option("--catchup-gib", default=2.0, show_default=True, type=click.FloatRange(0.01, 64),
               help="Size of the master's log the empty slave catches up with.")
@@ -206,7 +212,7 @@ async def _produce_phase(directory: str, name: str, slaves: int, seconds: float,
               help="Instead: sync replication to two slaves beside this peer (Redis + WAIT 2), interleaved "
                    "rounds, medians and ratios (node/bench/sync_compare.py).")
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(1, 20), help="Rounds with --peer.")
-@click.option("--batch-costs", "batch_sizes", default=None, metavar="SIZES",
+@click.option("--batch-costs", "batch_sizes", default=None, metavar="SIZES", callback=_batch_sizes,
               help="With --peer: then the batched workload again at each of these batch sizes (e.g. 16,64,256; "
                    "hastore batches, Redis pipelines), and each process's CPU split into per message and per "
                    "batch (node/bench/batch_costs.py). Adds sizes x rounds x 2 x --seconds.")
@@ -217,16 +223,8 @@ def bench_replicate_command(catchup_gib, seconds, samples, directory, catchup_on
     if batch_sizes is not None and peer is None:
         raise click.UsageError("--batch-costs splits the comparison's batched CPU: it needs --peer redis")
     if peer is not None:
-        from .batch_costs import parse_sizes
         from .sync_compare import compare_command
-        sizes = None
-        if batch_sizes is not None:
-            try:
-                sizes = parse_sizes(batch_sizes)
-            except click.BadParameter as error:
-                error.param_hint = "'--batch-costs'"
-                raise
-        return compare_command(peer, rounds, seconds, samples, directory, as_json, sizes)
+        return compare_command(peer, rounds, seconds, samples, directory, as_json, batch_sizes)
     async def main(root: str) -> dict:
         report: dict = {"targets": TARGETS}
         click.echo("catch-up ...", err=True)

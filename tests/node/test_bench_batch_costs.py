@@ -67,3 +67,15 @@ def test_without_a_peer_there_is_hastore_alone_and_no_ratio():
     costs = batch_costs.summarize(rounds, (16, 64))
     assert set(costs["fit"]) == {"hastore"} and costs["ratios"] is None
     assert not any("hastore/redis" in line for line in batch_costs.report_lines(costs))
+
+
+def test_the_command_refuses_bad_sizes_and_costs_without_a_peer_before_starting_anything():
+    from click.testing import CliRunner
+
+    from node.bench.replicate import bench_replicate_command
+    runner = CliRunner()
+    without_peer = runner.invoke(bench_replicate_command, ["--batch-costs", "16,64"])
+    assert without_peer.exit_code == 2 and "it needs --peer redis" in without_peer.output
+    bad = runner.invoke(bench_replicate_command, ["--peer", "redis", "--batch-costs", "16"])
+    assert bad.exit_code == 2
+    assert "Invalid value for '--batch-costs'" in bad.output and "at least two" in bad.output
