@@ -350,7 +350,9 @@ class HAClient:
                     moved_at = -math.inf
                     await frames.send((offset, entry, data, buffer))
                 buffer = None
-        raise HaProtocolError(f"nothing from the master for {self.settings.read_timeout_ms} ms")
+        raise HaProtocolError(f"nothing from the master for at least "
+                              f"{round(self.settings.read_timeout_ms * (1 - READ_TIMEOUT_SLACK))} ms "
+                              f"(read_timeout_ms {self.settings.read_timeout_ms})")
 
     async def _append_here(self, stream, offset: int, data: memoryview, unacked: int) -> int:
         """Append a checked frame in the receiver's step (the applier waits with nothing

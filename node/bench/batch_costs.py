@@ -16,7 +16,7 @@ totals say which of the two a side loses on. ``residual_us`` is how far the line
 medians (the largest miss, µs a message): a large one means the model does not fit.
 
 What was sent must be held: every run's acked messages are checked on every member of both
-sides, as in the main comparison (``stored``).
+sides, as in the main comparison (each round's ``stored_ok``, and the report's).
 """
 
 from __future__ import annotations
