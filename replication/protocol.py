@@ -48,7 +48,7 @@ import msgpack
 
 from store.codec import crc32
 
-from .epochs import EpochEntry, Resync, ResyncKind, check_order
+from .epochs import EpochEntry, Resync, ResyncKind, check_order, epoch_at, next_epoch_start
 from .errors import EpochFileError, HaAuthError, HandshakeRefused, HaProtocolError
 
 PROTOCOL_VERSION = 1
@@ -303,6 +303,19 @@ def check_data(header: DataHeader, data) -> None:
     """HaProtocolError when the bytes are not the ones the master sent."""
     if crc32(data) != header.crc:
         raise HaProtocolError(f"data frame at {header.offset} ({header.size} bytes): CRC mismatch")
+
+
+def place_frame(epochs: list[EpochEntry], offset: int, size: int, expected: int) -> EpochEntry:
+    """The master epoch a data frame of ``size`` bytes at ``offset`` belongs to, when it
+    starts exactly at ``expected`` (the log's end) and lies inside that one epoch; else
+    HaProtocolError."""
+    if offset != expected:
+        raise HaProtocolError(f"frame at {offset}, but this log ends at {expected}")
+    entry = epoch_at(epochs, offset)
+    boundary = next_epoch_start(epochs, offset)
+    if entry is None or (boundary is not None and offset + size > boundary):
+        raise HaProtocolError(f"frame [{offset}, {offset + size}) is not inside one master epoch")
+    return entry
 
 
 def ack(offset: int) -> bytes:

@@ -130,6 +130,13 @@ class StreamReader:
         """Bytes received and not yet handed out."""
         return self._end - self._start
 
+    def take_buffered(self) -> bytes:
+        """What was received and not yet handed out (a copy), handed out now: the reader is
+        empty after it."""
+        data = bytes(self._view[self._start:self._end])
+        self._start = self._end = 0
+        return data
+
     async def exactly(self, count: int) -> memoryview:
         """The next ``count`` bytes (a view into the buffer, valid until the next call)."""
         if count > len(self._buffer):

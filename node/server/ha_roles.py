@@ -274,7 +274,8 @@ class HaRuntime:
         return HaClientSettings(
             node_id=c.node_id, group=c.group, cluster=c.cluster, master_ha_address=master_ha_address,
             secret=c.secret, ack_interval_ms=c.ha_heartbeat_interval_ms, read_timeout_ms=c.ha_connection_timeout_ms,
-            backoff_max_ms=c.ha_reconnect_backoff_max_ms, client_address=self.client_address)
+            backoff_max_ms=c.ha_reconnect_backoff_max_ms, client_address=self.client_address,
+            follow_thread=c.ha_follow_thread)
 
     def repair_peers(self) -> list[str]:
         """Client addresses to fetch an intact copy of a corrupt record from (node/server/repair.py):

@@ -261,11 +261,16 @@ async def test_a_put_writes_a_parked_senders_frame_itself_and_wakes_no_sender(op
         nursery.cancel_scope.cancel()
 
 
-async def test_a_small_frame_is_appended_and_acked_by_the_receiver_and_a_batch_still_streams(open_store):
+@pytest.mark.parametrize("follow_thread", [False, True], ids=["loop", "thread"])
+async def test_a_small_frame_is_appended_and_acked_by_the_receiver_and_a_batch_still_streams(open_store,
+                                                                                             follow_thread):
     # one-at-a-time puts: the slave's receiver appends and acks the frame in the step that
-    # read it (no hop to the applier task); a batch's frames (up to a segment each, past
-    # INLINE_APPEND_BYTES_MAX written by the applier in a worker thread) still arrive whole
+    # read it (no hop to the applier task), or the follow thread does (follow_thread.py); a
+    # batch's frames (up to a segment each, past INLINE_APPEND_BYTES_MAX: written by the
+    # applier in a worker thread, or by the follow thread from its own buffer past
+    # RECEIVE_BUFFER_BYTES) still arrive whole
     from replication import SyncSettings
+    from replication.follow_thread import RECEIVE_BUFFER_BYTES
     from replication.ha_client import INLINE_APPEND_BYTES_MAX
     master, slave = open_store("master"), open_store("slave")
     master_epochs = epoch_file(master)
@@ -273,7 +278,7 @@ async def test_a_small_frame_is_appended_and_acked_by_the_receiver_and_a_batch_s
     async with trio.open_nursery() as nursery:
         service, address = await start_master(nursery, master, master_epochs,
                                               sync=SyncSettings(min_in_sync_replicas=2, max_time_not_catchup_ms=60_000))
-        running = await start_slave(nursery, slave, address)
+        running = await start_slave(nursery, slave, address, follow_thread=follow_thread)
         await wait_until(lambda: "s1" in service.statistics().sync_state_set, what="the slave joins the SSS")
         client = running.client
         (first,) = put(master, 1, prefix="first")   # the term's first frame: the applier records the epoch
@@ -281,15 +286,17 @@ async def test_a_small_frame_is_appended_and_acked_by_the_receiver_and_a_batch_s
         with trio.fail_after(5):
             await service.wait_for_replicas(first.end_offset)
         assert client.appended_by_receiver == 0 and slave.max_physical_offset == first.end_offset
+        assert client.frames_by_thread == (1 if follow_thread else 0)
         before = client.appended_by_receiver
         for index in range(5):
             (result,) = put(master, 1, prefix=f"single-{index}")
             service.notify_appended()
             with trio.fail_after(5):
                 await service.wait_for_replicas(result.end_offset)
-        assert client.appended_by_receiver == before + 5
+        assert client.appended_by_receiver == before + (0 if follow_thread else 5)
+        assert client.frames_by_thread == (6 if follow_thread else 0)
         batch = put(master, 1200, body_bytes=1000)
-        assert batch[-1].end_offset - batch[0].physical_offset > INLINE_APPEND_BYTES_MAX
+        assert batch[-1].end_offset - batch[0].physical_offset > max(INLINE_APPEND_BYTES_MAX, RECEIVE_BUFFER_BYTES)
         service.notify_appended()
         with trio.fail_after(5):
             await service.wait_for_replicas(batch[-1].end_offset)

@@ -1,0 +1,210 @@
+"""The slave's follow thread (replication/follow_thread.py) against a scripted master on a
+socket pair: no process, no trio; a real replica log. Each test's waits are bounded (socket
+timeouts and thread joins of a few seconds)."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+
+import pytest
+
+from replication import protocol
+from replication.epochs import EpochEntry
+from replication.errors import HaProtocolError
+from replication.follow_thread import ACK_FRAMES_MAX, RECEIVE_BUFFER_BYTES, FollowThread
+from replication.transport import PeerClosed
+
+from replication_helpers import epoch_file, log_bytes, put
+
+EPOCHS = [EpochEntry(1, 0)]
+WAIT_S = 10
+
+
+def frame(offset: int, data, *, crc_flip: int = 0) -> bytes:
+    """A data frame as the master sends it (``crc_flip`` spoils the CRC)."""
+    offset_, size, crc = protocol.DATA_HEADER.unpack(protocol.data_header(offset, data))
+    return protocol.DATA_HEADER.pack(offset_, size, crc ^ crc_flip) + bytes(data)
+
+
+def chunks(master, count: int, max_bytes: int) -> list[tuple[int, bytes]]:
+    """The master's first ``count`` replication chunks as (offset, bytes)."""
+    result, offset = [], 0
+    for _ in range(count):
+        data = bytes(master.replica_log.read(offset, max_bytes))
+        assert data
+        result.append((offset, data))
+        offset += len(data)
+    return result
+
+
+class Session:
+    """A FollowThread on one end of a socket pair, run by a thread; the test is the master."""
+
+    def __init__(self, slave, *, buffered: bytes = b"", read_timeout_ms: int = 10_000,
+                 ack_interval_ms: int = 10_000, clock=None) -> None:
+        self.master, theirs = socket.socketpair()
+        self.master.settimeout(WAIT_S)
+        self.signals = 0
+        options = {} if clock is None else {"clock": clock}
+        self.follower = FollowThread(slave.replica_log, epoch_file(slave), EPOCHS, theirs, buffered,
+                                     read_timeout_ms=read_timeout_ms, ack_interval_ms=ack_interval_ms,
+                                     master_max_offset=0, signal=self._signal, **options)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _signal(self) -> None:
+        self.signals += 1
+
+    def _run(self) -> None:
+        try:
+            self.follower.run()
+        except BaseException as raised:
+            self.error = raised
+
+    def ack(self) -> int:
+        raw = b""
+        while len(raw) < protocol.ACK.size:
+            got = self.master.recv(protocol.ACK.size - len(raw))
+            assert got, "the slave closed the connection"
+            raw += got
+        return protocol.parse_ack(raw)
+
+    def acks_until(self, offset: int) -> list[int]:
+        acks = [self.ack()]
+        while acks[-1] < offset:
+            acks.append(self.ack())
+        return acks
+
+    def ended(self) -> BaseException | None:
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive(), "the follow thread did not end"
+        return self.error
+
+    def close(self) -> None:
+        self.follower.stop()
+        self.thread.join(WAIT_S)
+        self.master.close()
+
+
+@pytest.fixture
+def session_of():
+    sessions: list[Session] = []
+
+    def start(slave, **options) -> Session:
+        sessions.append(Session(slave, **options))
+        return sessions[-1]
+
+    yield start
+    for session in sessions:
+        session.close()
+
+
+def test_frames_that_arrive_together_land_in_order_under_few_acks(open_store, session_of):
+    master, slave = open_store("master"), open_store("slave")
+    put(master, 300, body_bytes=500)
+    pieces = chunks(master, 6, 25_000)
+    end = pieces[-1][0] + len(pieces[-1][1])
+    # the first frame waits in the buffer the handshake's reader handed over
+    session = session_of(slave, buffered=frame(*pieces[0]))
+    session.master.sendall(b"".join(frame(offset, data) for offset, data in pieces[1:]) + protocol.confirm(end)
+                           + protocol.heartbeat(end + 100))
+    acks = session.acks_until(end)
+    assert log_bytes(slave) == b"".join(data for _, data in pieces)
+    assert acks == sorted(acks) and len(acks) <= len(pieces)
+    assert epoch_file(slave).entries == EPOCHS   # the term recorded before its first byte
+    follower = session.follower
+    assert follower.frames == len(pieces) and follower.received_bytes == end
+    session.close()
+    assert slave.replica_log.confirm_offset == end and follower.confirm_moved
+    assert follower.master_max_offset == end + 100
+    assert follower.appended and session.signals == 1   # once, until the loop re-arms it
+    assert session.error is None                        # stopped: no error
+
+
+def test_at_most_ack_frames_max_frames_go_under_one_ack(open_store, session_of):
+    master, slave = open_store("master"), open_store("slave")
+    put(master, 200, body_bytes=100)
+    pieces = chunks(master, ACK_FRAMES_MAX * 2, 2_000)
+    session = session_of(slave)
+    session.master.sendall(b"".join(frame(offset, data) for offset, data in pieces))
+    acks = session.acks_until(pieces[-1][0] + len(pieces[-1][1]))
+    assert len(acks) >= 2
+    assert acks[0] <= pieces[ACK_FRAMES_MAX][0]
+
+
+def test_a_frame_with_a_bad_crc_ends_the_thread_and_none_of_it_lands(open_store, session_of):
+    master, slave = open_store("master"), open_store("slave")
+    put(master, 300, body_bytes=500)
+    (o1, c1), (o2, c2), (o3, c3) = chunks(master, 3, 40_000)
+    session = session_of(slave)
+    session.master.sendall(frame(o1, c1) + frame(o2, c2))
+    assert session.acks_until(o3)[-1] == o3
+    session.master.sendall(frame(o3, c3, crc_flip=1))
+    error = session.ended()
+    assert isinstance(error, HaProtocolError) and "CRC mismatch" in str(error)
+    assert log_bytes(slave) == c1 + c2
+
+
+def test_a_frame_that_does_not_start_at_the_logs_end_ends_the_thread(open_store, session_of):
+    master, slave = open_store("master"), open_store("slave")
+    put(master, 300, body_bytes=500)
+    pieces = chunks(master, 3, 40_000)
+    session = session_of(slave)
+    session.master.sendall(frame(*pieces[0]) + frame(*pieces[2]))
+    error = session.ended()
+    assert isinstance(error, HaProtocolError) and f"frame at {pieces[2][0]}" in str(error)
+    assert log_bytes(slave) == pieces[0][1]
+
+
+def test_a_frame_outside_the_masters_epochs_ends_the_thread(open_store, session_of):
+    master, slave = open_store("master"), open_store("slave")
+    put(master, 50, body_bytes=500)
+    (offset, data), = chunks(master, 1, 10_000)
+    session = session_of(slave)
+    session.follower.master_epochs = [EpochEntry(1, 0), EpochEntry(2, len(data) // 2)]
+    session.master.sendall(frame(offset, data))
+    error = session.ended()
+    assert isinstance(error, HaProtocolError) and "not inside one master epoch" in str(error)
+    assert slave.max_physical_offset == 0
+
+
+def test_a_frame_larger_than_the_receive_buffer_arrives_in_pieces_and_lands_whole(open_store, session_of):
+    master, slave = open_store("master", commitlog_segment_bytes=8 * 1024 * 1024), open_store(
+        "slave", commitlog_segment_bytes=8 * 1024 * 1024)
+    put(master, 1600, body_bytes=1000)
+    (offset, data), = chunks(master, 1, 4 * 1024 * 1024)
+    assert len(data) > RECEIVE_BUFFER_BYTES
+    session = session_of(slave)
+    raw = frame(offset, data)
+    for start in range(0, len(raw), 300_000):
+        session.master.sendall(raw[start:start + 300_000])
+    assert session.acks_until(len(data))[-1] == len(data)
+    assert log_bytes(slave) == data
+
+
+def test_a_silent_master_is_acked_every_interval_then_the_read_timeout_ends_the_thread(open_store, session_of):
+    slave = open_store("slave")
+    # each look at the clock is 0.4 s later: the socket's 50 ms waits stand for 0.4 s each
+    ticks = itertools.count(step=0.4)
+    session = session_of(slave, read_timeout_ms=2_000, ack_interval_ms=50, clock=lambda: next(ticks))
+    assert session.ack() == 0 and session.ack() == 0    # acks of the log's end while silent
+    error = session.ended()
+    assert isinstance(error, HaProtocolError) and "nothing from the master for 2000 ms" in str(error)
+
+
+def test_a_master_that_hangs_up_ends_the_thread(open_store, session_of):
+    slave = open_store("slave")
+    session = session_of(slave)
+    session.master.shutdown(socket.SHUT_WR)
+    assert isinstance(session.ended(), PeerClosed)
+
+
+def test_stop_ends_a_thread_waiting_for_frames_quietly(open_store, session_of):
+    slave = open_store("slave")
+    session = session_of(slave)
+    session.follower.stop()
+    assert session.ended() is None
+    assert session.follower.sock.fileno() == -1   # its socket closed on the way out
