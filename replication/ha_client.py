@@ -280,6 +280,7 @@ class HAClient:
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
+            follower.sock.close()   # closed by the thread as it ended; here if it never started
             self._follower = None
             self._master_max_offset = max(self._master_max_offset, follower.master_max_offset)
             self._received_bytes += follower.received_bytes

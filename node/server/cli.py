@@ -82,6 +82,9 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def _run(config: NodeConfig) -> None:
     from .node import run_node_until_signalled
 
@@ -91,6 +94,10 @@ def _run(config: NodeConfig) -> None:
         sys.stdout.flush()
 
     return_large_buffers_to_the_system()
+    # a thread woken by I/O (a slave's follow thread, replication/follow_thread.py) waits at
+    # most this long for the GIL while the loop's thread runs Python (a dispatch pass), not
+    # CPython's default 5 ms: single sends' p99 3.9-6.0 -> 3.6-5.5 ms in 7 of 10 alternated pairs
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         trio.run(run_node_until_signalled, config, ready)
     except Exception as error:  # one line for a person; the traceback with --log-level debug
