@@ -111,6 +111,21 @@ message for a fixed workload and /proc CPU per message in the same runs):
   while a sync put waits for its acks; no busy polling while one does; the scrub at 1
   B/s (single p99 unchanged: the tail is four processes sharing two cores, not the scrub);
   a larger gen-0 GC threshold.
+- Stop 19: a slave's frames cost it an epoll wake-up, a pass of trio's scheduler and ~200
+  Python calls each; they now go to a thread of the session's own that reads a blocking
+  socket, checks, appends and acks (replication/follow_thread.py, ``ha_follow_thread``),
+  the loop keeping the handshake, the resync and the dispatch. Per thread, from
+  /proc/PID/task (one-at-a-time sends): the follow thread ~120 µs a frame (user ~80, kernel
+  ~40), the loop's thread ~40. This command, 3 alternated pairs against 7febd4c: each
+  slave's CPU a single send 300-380 -> 190-230 µs, single_p50 ratio 3.12/2.73/2.73 ->
+  2.25/2.33/2.15, batched 1.085/1.051/1.075 -> 1.156/1.090/1.157, per CPU
+  0.897/0.893/0.909 -> 0.983/0.917/0.967; single_p99 moved within the noise (hastore's
+  own p99 medians 5.7/4.9/4.0 -> 5.7/4.7/3.9 ms). The master now bounds a single send: ~870
+  µs of CPU a send, ~600 of it user time in its loop's thread (the node alone: ~360).
+  Tried and not kept: the put path writing batched frames (up to 1 MiB) to caught-up
+  slaves itself instead of waking their sender tasks: batched msgs/s +4-9 %, but each
+  put's frame then goes alone (the task coalesced several), slaves +20 % CPU a message,
+  total CPU +2-5 % (3 alternated pairs).
 """
 
 from __future__ import annotations
