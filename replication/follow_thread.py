@@ -19,7 +19,8 @@ the master's epochs (``protocol.place_frame``); the first frame of a new epoch r
 epoch durably before its bytes are written; nothing of a frame lands unless all of it
 checked. Frames that arrived together share one ack (``ACK_FRAMES_MAX`` at most); the ack
 follows their append, so what it names is in this log. With no frame it acks the log's end
-every ``ack_interval_ms``. Silence of ``read_timeout_ms`` (no byte at all) ends the session.
+every ``ack_interval_ms``. Silence of ``read_timeout_ms`` (no byte at all: a socket timeout,
+no deadline moved per frame) ends the session.
 
 What stays on the loop's thread: the store's dispatch, woken ``dispatch_delay_ms`` after
 the first frame it has not seen, and ``on_confirm_advanced``, told with it (readers on a
@@ -82,7 +83,10 @@ class FollowThread:
         self.ack_interval_s = ack_interval_ms / 1000
         self.signal = signal
         self.clock = clock
-        sock.settimeout(min(self.read_timeout_s, self.ack_interval_s))
+        # a wait on the socket ends at least this often (for the idle ack and the read timeout)
+        self._wait_s = min(self.read_timeout_s, self.ack_interval_s)
+        self._wait_shortened = False   # the socket's timeout is less than _wait_s for now
+        sock.settimeout(self._wait_s)
         self._view = memoryview(bytearray(RECEIVE_BUFFER_BYTES))
         self._view[:len(buffered)] = buffered
         self._start = 0
@@ -202,20 +206,28 @@ class FollowThread:
     def _receive_into(self, target: memoryview) -> int:
         """One read into ``target`` (at least a byte); the session's end on silence or close.
         While the socket is silent it acks the log's end every ``ack_interval_ms``."""
+        sock = self.sock
         while True:
             try:
-                got = self.sock.recv_into(target)
+                got = sock.recv_into(target)
             except TimeoutError:
                 now = self.clock()
-                if now - self._last_byte_at >= self.read_timeout_s:
+                silent_s = now - self._last_byte_at
+                if silent_s >= self.read_timeout_s:
                     raise HaProtocolError(f"nothing from the master for {self.read_timeout_s * 1000:.0f} ms "
                                           f"(read_timeout_ms)") from None
                 if now - self._acked_at >= self.ack_interval_s:
                     self._ack()
+                # the next wait ends at the read timeout if that comes before the next ack
+                sock.settimeout(max(0.001, min(self._wait_s, self.read_timeout_s - silent_s)))
+                self._wait_shortened = True
                 continue
             if got == 0:
                 raise PeerClosed("the peer closed the connection")
             self._last_byte_at = self.clock()
+            if self._wait_shortened:
+                sock.settimeout(self._wait_s)
+                self._wait_shortened = False
             return got
 
     def _fill(self, count: int) -> None:

@@ -53,8 +53,8 @@ from store.errors import StoreError
 from . import protocol
 from .epochs import EpochFile, ResyncKind, slave_epochs_after
 from .errors import HaAuthError, HandshakeRefused, HaProtocolError, ReplicationError, expected_failure
-from .protocol import Handshake, Hello, Welcome
 from .follow_thread import FollowThread, thread_socket
+from .protocol import Handshake, Hello, Welcome
 from .store_protocol import ReplicaStore
 from .transport import StreamReader, send_now
 
@@ -253,10 +253,15 @@ class HAClient:
         def tell_news() -> None:   # on the loop's thread
             news.set()
 
-        follower = FollowThread(
-            self.store, self.epoch_file, welcome.epochs, thread_socket(stream), reader.take_buffered(),
-            read_timeout_ms=self.settings.read_timeout_ms, ack_interval_ms=self.settings.ack_interval_ms,
-            master_max_offset=self._master_max_offset, signal=partial(token.run_sync_soon, tell_news))
+        sock = thread_socket(stream)
+        try:
+            follower = FollowThread(
+                self.store, self.epoch_file, welcome.epochs, sock, reader.take_buffered(),
+                read_timeout_ms=self.settings.read_timeout_ms, ack_interval_ms=self.settings.ack_interval_ms,
+                master_max_offset=self._master_max_offset, signal=partial(token.run_sync_soon, tell_news))
+        except BaseException:
+            sock.close()
+            raise
         delay_s = self.settings.dispatch_delay_ms / 1000
 
         async def relay_news() -> None:

@@ -84,7 +84,7 @@ class NodeConfig:
     slave_timeout_ms: int = 3_000              # a sync put fails FLUSH_SLAVE_TIMEOUT after this
     ha_max_time_slave_not_catchup_ms: int = 15_000   # behind this long: out of the sync-state set
     ha_heartbeat_interval_ms: int = 1_000      # master heartbeats and slave acks when idle
-    ha_connection_timeout_ms: int = 10_000     # silence on an HA connection for this long (a slave: 90-100 % of it): drop it
+    ha_connection_timeout_ms: int = 10_000     # silence on an HA connection for this long: drop it (a slave without ha_follow_thread: after 90-100 % of it)
     ha_chunk_bytes_max: int = 4 * 1024 * 1024  # bytes per streamed frame
     ha_reconnect_backoff_max_ms: int = 5_000   # a slave's longest pause between reconnects
     # A slave reads, checks, appends and acks its master's frames on a thread of its own over

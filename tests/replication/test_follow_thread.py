@@ -195,6 +195,36 @@ def test_a_silent_master_is_acked_every_interval_then_the_read_timeout_ends_the_
     assert isinstance(error, HaProtocolError) and "nothing from the master for 2000 ms" in str(error)
 
 
+class RecordingSocket(socket.socket):
+    """A socket that keeps the timeouts it was given."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeouts: list[float] = []
+
+    def settimeout(self, value) -> None:
+        self.timeouts.append(value)
+        super().settimeout(value)
+
+
+def test_the_wait_before_the_read_timeout_is_cut_short_to_end_on_time(open_store):
+    slave = open_store("slave")
+    master, theirs = socket.socketpair()
+    sock = RecordingSocket(fileno=theirs.detach())
+    times = iter([0.0, 0.0, 0.08, 0.08, 0.1])   # made; first wait out (an ack is due); second wait out
+
+    follower = FollowThread(slave.replica_log, epoch_file(slave), EPOCHS, sock, b"", read_timeout_ms=100,
+                            ack_interval_ms=80, master_max_offset=0, signal=lambda: None,
+                            clock=lambda: next(times))
+    with pytest.raises(HaProtocolError, match="nothing from the master for 100 ms"):
+        follower.run()
+    master.settimeout(WAIT_S)
+    assert protocol.parse_ack(master.recv(protocol.ACK.size)) == 0
+    # waits of the ack interval, then one cut to what was left of the read timeout
+    assert sock.timeouts[0] == 0.08 and sock.timeouts[1] == pytest.approx(0.02)
+    master.close()
+
+
 def test_a_master_that_hangs_up_ends_the_thread(open_store, session_of):
     slave = open_store("slave")
     session = session_of(slave)
