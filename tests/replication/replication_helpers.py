@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from replication import EpochFile, HAClient, HaClientSettings, HAService, HaServiceSettings, SyncSettings
+from replication import EpochFile, HAClient, HaClientSettings, HAService, HaServiceSettings, SyncSettings, protocol
 from replication.ha_client import serve_ha_client
 from replication.ha_service import serve_ha
 from store import Message, MessageStore, StoreConfig
@@ -155,3 +155,20 @@ def same_answers(master: MessageStore, slave: MessageStore, topic: str, keys: li
 
 def dir_size(path) -> int:
     return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def frame(offset: int, data, *, crc_flip: int = 0) -> bytes:
+    """A data frame as the master sends it (``crc_flip`` spoils the CRC)."""
+    offset_, size, crc = protocol.DATA_HEADER.unpack(protocol.data_header(offset, data))
+    return protocol.DATA_HEADER.pack(offset_, size, crc ^ crc_flip) + bytes(data)
+
+
+def chunks(master: MessageStore, count: int, max_bytes: int) -> list[tuple[int, bytes]]:
+    """The master's first ``count`` replication chunks as (offset, bytes)."""
+    result, offset = [], 0
+    for _ in range(count):
+        data = bytes(master.replica_log.read(offset, max_bytes))
+        assert data
+        result.append((offset, data))
+        offset += len(data)
+    return result

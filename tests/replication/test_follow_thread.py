@@ -16,27 +16,10 @@ from replication.errors import HaProtocolError
 from replication.follow_thread import ACK_FRAMES_MAX, RECEIVE_BUFFER_BYTES, FollowThread
 from replication.transport import PeerClosed
 
-from replication_helpers import epoch_file, log_bytes, put
+from replication_helpers import chunks, epoch_file, frame, log_bytes, put
 
 EPOCHS = [EpochEntry(1, 0)]
 WAIT_S = 10
-
-
-def frame(offset: int, data, *, crc_flip: int = 0) -> bytes:
-    """A data frame as the master sends it (``crc_flip`` spoils the CRC)."""
-    offset_, size, crc = protocol.DATA_HEADER.unpack(protocol.data_header(offset, data))
-    return protocol.DATA_HEADER.pack(offset_, size, crc ^ crc_flip) + bytes(data)
-
-
-def chunks(master, count: int, max_bytes: int) -> list[tuple[int, bytes]]:
-    """The master's first ``count`` replication chunks as (offset, bytes)."""
-    result, offset = [], 0
-    for _ in range(count):
-        data = bytes(master.replica_log.read(offset, max_bytes))
-        assert data
-        result.append((offset, data))
-        offset += len(data)
-    return result
 
 
 class Session:
