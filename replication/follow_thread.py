@@ -53,7 +53,7 @@ from .transport import PeerClosed
 # received at once into one buffer: headers, acks and frames of a batched load (64 KiB-600
 # KiB); a larger frame (a catch-up's, up to DATA_FRAME_BYTES_MAX) is received into its own
 RECEIVE_BUFFER_BYTES = 1024 * 1024
-# frames appended at most under one ack when they arrive together
+# frames appended at most under one ack when they arrive together (the loop's path too)
 ACK_FRAMES_MAX = 4
 
 

@@ -53,7 +53,7 @@ from store.errors import StoreError
 from . import protocol
 from .epochs import EpochFile, ResyncKind, slave_epochs_after
 from .errors import HaAuthError, HandshakeRefused, HaProtocolError, ReplicationError, expected_failure
-from .follow_thread import FollowThread, thread_socket
+from .follow_thread import ACK_FRAMES_MAX, FollowThread, thread_socket
 from .protocol import Handshake, Hello, Welcome
 from .store_protocol import ReplicaStore
 from .transport import StreamReader, send_now
@@ -68,8 +68,6 @@ INLINE_APPEND_BYTES_MAX = 1024 * 1024
 # frame buffers of DATA_FRAME_BYTES_MAX each: one being written, one being received, one
 # spare so that the receiver need not wait for the applier to take its last frame
 FRAME_BUFFERS = 3
-# frames applied at most under one ack when they arrive back to back
-ACK_FRAMES_MAX = 4
 # the share of read_timeout_ms by which the read timeout may come early: its deadline is
 # moved forward at most once per this share of it, not at every frame
 READ_TIMEOUT_SLACK = 0.1
