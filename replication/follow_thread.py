@@ -1,9 +1,10 @@
 """A slave's streaming phase in a thread of its own, over a blocking socket.
 
     follower = FollowThread(store, epoch_file, welcome.epochs, thread_socket(stream),
-                            reader.take_buffered(), settings, master_max_offset, signal)
+                            reader.take_buffered(), read_timeout_ms=..., ack_interval_ms=...,
+                            master_max_offset=..., signal=...)
     await trio.to_thread.run_sync(follower.run, abandon_on_cancel=False)   # until it fails
-    follower.stop()                                                        # from the loop
+    follower.stop()              # from the loop, on cancellation: the thread leaves
 
 Once the handshake and the resync are done (in trio, replication/ha_client.py), a session
 over a TCP socket hands its socket to this thread, which reads data frames, checks them,
@@ -26,8 +27,9 @@ What stays on the loop's thread: the store's dispatch, woken ``dispatch_delay_ms
 the first frame it has not seen, and ``on_confirm_advanced``, told with it (readers on a
 slave see a message once it is dispatched, so the confirm offset moving sooner would wake
 them for nothing). The thread tells the loop once per such delay (``signal``, which the
-loop re-arms), not per frame. The store is thread-safe for this: appends take the commit
-log's write lock, and the dispatcher takes what the writer placed without one.
+loop re-arms), not per frame. The store is thread-safe for this, as it is for its own
+dispatcher thread: appends take the commit log's write lock, the dispatch pass its own, and
+what the writer placed passes between them through a deque (``WrittenRuns``).
 
 Ending it: any failure ends the thread with its error; ``stop()`` (from the loop, when the
 session is cancelled) shuts the socket down, so the thread leaves at its next read or write
@@ -50,7 +52,7 @@ from .errors import HaProtocolError
 from .store_protocol import ReplicaStore
 from .transport import PeerClosed
 
-# received at once into one buffer: headers, acks and frames of a batched load (64 KiB-600
+# received at once into one buffer: headers and the frames of a batched load (64 KiB-600
 # KiB); a larger frame (a catch-up's, up to DATA_FRAME_BYTES_MAX) is received into its own
 RECEIVE_BUFFER_BYTES = 1024 * 1024
 # frames appended at most under one ack when they arrive together (the loop's path too)
