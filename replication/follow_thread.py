@@ -129,8 +129,6 @@ class FollowThread:
     def _follow(self) -> None:
         store = self.store
         header_size = protocol.DATA_HEADER.size
-        unpack_header = protocol.DATA_HEADER.unpack_from
-        crc32 = protocol.crc32
         largest_buffered = RECEIVE_BUFFER_BYTES - header_size
         view = self._view
         expected = store.max_offset   # where the next frame must start
@@ -141,14 +139,12 @@ class FollowThread:
                     self._ack()
                     unacked = 0
                 self._fill(header_size)
-            offset, size, crc = unpack_header(view, self._start)
+            header = protocol.parse_data_header(view[self._start:self._start + header_size])
             self._start += header_size
-            if size > protocol.DATA_FRAME_BYTES_MAX or offset > protocol.OFFSET_MAX:
-                raise HaProtocolError(f"data frame at {offset} of {size} bytes is over the "
-                                      f"{protocol.DATA_FRAME_BYTES_MAX} limit")
-            if size == 0:
-                self._control(offset, crc)
+            if header.is_heartbeat:   # or a CONFIRM: no bytes follow
+                self._control(header)
                 continue
+            offset, size = header.offset, header.size
             if size <= largest_buffered:
                 if self._end - self._start < size:
                     self._fill(size)
@@ -156,8 +152,7 @@ class FollowThread:
                 self._start += size
             else:
                 data = self._receive_large(size)
-            if crc32(data) != crc:
-                raise HaProtocolError(f"data frame at {offset} ({size} bytes): CRC mismatch")
+            protocol.check_data(header, data)
             entry = protocol.place_frame(self.master_epochs, offset, size, expected)
             if entry.epoch != self.epoch_file.last_epoch:
                 # the term is recorded before its first byte lands
@@ -170,17 +165,16 @@ class FollowThread:
             self.frames += 1
             self.appended = True
             self._publish_confirm_offset()
-            if not self.signalled:
-                self.signalled = True
-                self.signal()
+            self._tell_loop()
             unacked += 1
             if unacked >= ACK_FRAMES_MAX:
                 self._ack()
                 unacked = 0
 
-    def _control(self, offset: int, mark: int) -> None:
+    def _control(self, header: protocol.DataHeader) -> None:
         """A size-0 header: a CONFIRM (the master's confirm offset) or a heartbeat (its log's end)."""
-        if mark == protocol.CONFIRM_MARK:
+        offset = header.offset
+        if header.is_confirm:
             if offset > self.master_confirm_offset:
                 self.master_confirm_offset = offset
                 self._publish_confirm_offset()
@@ -196,9 +190,13 @@ class FollowThread:
         if confirm > store.confirm_offset:
             store.publish_confirm_offset(confirm)
             self.confirm_moved = True
-            if not self.signalled:
-                self.signalled = True
-                self.signal()
+            self._tell_loop()
+
+    def _tell_loop(self) -> None:
+        """``signal`` the loop of news, unless it was told since it last re-armed it."""
+        if not self.signalled:
+            self.signalled = True
+            self.signal()
 
     def _ack(self) -> None:
         self.sock.sendall(protocol.ack(self.store.max_offset))

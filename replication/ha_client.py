@@ -244,12 +244,11 @@ class HAClient:
     async def _follow_in_thread(self, stream: trio.SocketStream, reader: StreamReader, welcome: Welcome) -> None:
         """The session's frames on a thread of its own (follow_thread.py) until it fails or
         this task is cancelled; what it appended is dispatched and its confirm offset told
-        ``dispatch_delay_ms`` after the thread first tells of it."""
+        ``dispatch_delay_ms`` after the thread first tells of it (``_wake_dispatch_later``)."""
         token = trio.lowlevel.current_trio_token()
-        news = trio.Event()
 
         def tell_news() -> None:   # on the loop's thread
-            news.set()
+            self._undispatched.set()
 
         sock = thread_socket(stream)
         try:
@@ -260,24 +259,23 @@ class HAClient:
         except BaseException:
             sock.close()
             raise
-        delay_s = self.settings.dispatch_delay_ms / 1000
 
-        async def relay_news() -> None:
-            nonlocal news
+        def take_news() -> None:
+            follower.signalled = False   # re-armed before the flags are read: none is missed
+            self._take_news(follower)
+
+        async def stop_when_cancelled() -> None:
             try:
-                while True:
-                    await news.wait()
-                    await trio.sleep(delay_s)
-                    news = trio.Event()
-                    follower.signalled = False   # re-armed before the flags are read: none is missed
-                    self._take_news(follower)
+                await trio.sleep_forever()
             finally:
                 follower.stop()   # cancelled (or the thread is done): the thread leaves
 
+        self._undispatched = trio.Event()
         self._follower = follower
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(relay_news)
+                nursery.start_soon(self._wake_dispatch_later, take_news)
+                nursery.start_soon(stop_when_cancelled)
                 try:
                     await trio.to_thread.run_sync(follower.run, abandon_on_cancel=False)
                 finally:
@@ -301,15 +299,17 @@ class HAClient:
             if self.on_confirm_advanced is not None:
                 self.on_confirm_advanced()
 
-    async def _wake_dispatch_later(self) -> None:
+    async def _wake_dispatch_later(self, wake: Callable[[], None] | None = None) -> None:
         """Wake the store's dispatch ``dispatch_delay_ms`` after the first frame appended
-        since its last wake: the frames of that time share one pass."""
+        since its last wake: the frames of that time share one pass. ``wake`` does it
+        instead of ``store.wake_dispatch`` (the follow thread's news)."""
         delay_s = self.settings.dispatch_delay_ms / 1000
+        wake = self.store.wake_dispatch if wake is None else wake
         while True:
             await self._undispatched.wait()
             await trio.sleep(delay_s)
             self._undispatched = trio.Event()
-            self.store.wake_dispatch()
+            wake()
 
     async def _handshake(self, stream, reader: StreamReader) -> Welcome:
         hello = Hello.decode(await reader.control())
