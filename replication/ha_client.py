@@ -13,8 +13,9 @@ written. The store's own dispatcher builds ConsumeQueue and IndexFile from the b
 Over a TCP socket (``follow_thread``, the default) the streaming phase runs on a thread of
 the session's own over a blocking socket (follow_thread.py): the same checks, appends and
 acks, without the event loop's wake-up and scheduler per frame (a slave's CPU a one-at-a-time
-send about a third lower). Over any other stream, and with ``follow_thread`` off, the
-loop's tasks do it:
+send about a third lower), and the dispatch passes of what it appended, between frames
+(``dispatch_delay_ms`` after the first of them, as below). Over any other stream, and with
+``follow_thread`` off, the loop's tasks do it:
 
 Frames are received and applied by two tasks, so that the next frame arrives while the
 last one is written (a write is a page-cache copy in a worker thread, which releases the
@@ -98,6 +99,8 @@ class HaClientSettings:
     # expiry) every delay, which cost it ~0.8 us of CPU a message at ~30k messages/s
     # (~0.3 ms a pass); the price is that a slave's reads see a message up to 50 ms after
     # its bytes are in the log (a promoted slave's session end wakes the dispatch at once).
+    # A follow thread runs these passes itself, when no frame waits for its ack (on a
+    # socket that went quiet: up to twice the delay after the first frame).
     dispatch_delay_ms: int = 50
     # over a TCP socket, frames are read, checked, appended and acked by a thread of the
     # session's own on a blocking socket (follow_thread.py), not by tasks of the event loop
@@ -176,6 +179,7 @@ class HAClient:
         self.appended_by_receiver = 0  # frames the receiver appended itself (no hop to the applier)
         self._follower: FollowThread | None = None   # the session's follow thread, while it runs
         self._thread_frames = 0        # frames appended by the follow threads of ended sessions
+        self._thread_passes = 0        # dispatch passes the follow threads of ended sessions ran
 
     # --- the reconnect loop --------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -243,26 +247,31 @@ class HAClient:
 
     async def _follow_in_thread(self, stream: trio.SocketStream, reader: StreamReader, welcome: Welcome) -> None:
         """The session's frames on a thread of its own (follow_thread.py) until it fails or
-        this task is cancelled; what it appended is dispatched and its confirm offset told
-        ``dispatch_delay_ms`` after the thread first tells of it (``_wake_dispatch_later``)."""
+        this task is cancelled. The thread dispatches what it appended itself; the confirm
+        offset it moved is told to ``on_confirm_advanced`` here, when the thread says so."""
         token = trio.lowlevel.current_trio_token()
+        news = [trio.Event()]
 
         def tell_news() -> None:   # on the loop's thread
-            self._undispatched.set()
+            news[0].set()
 
         sock = thread_socket(stream)
         try:
             follower = FollowThread(
                 self.store, self.epoch_file, welcome.epochs, sock, reader.take_buffered(),
                 read_timeout_ms=self.settings.read_timeout_ms, ack_interval_ms=self.settings.ack_interval_ms,
-                master_max_offset=self._master_max_offset, signal=partial(token.run_sync_soon, tell_news))
+                dispatch_delay_ms=self.settings.dispatch_delay_ms, master_max_offset=self._master_max_offset,
+                signal=partial(token.run_sync_soon, tell_news))
         except BaseException:
             sock.close()
             raise
 
-        def take_news() -> None:
-            follower.signalled = False   # re-armed before the flags are read: none is missed
-            self._take_news(follower)
+        async def take_news() -> None:
+            while True:
+                await news[0].wait()
+                news[0] = trio.Event()
+                follower.signalled = False   # re-armed before the flags are read: none is missed
+                self._take_news(follower)
 
         async def stop_when_cancelled() -> None:
             try:
@@ -270,11 +279,10 @@ class HAClient:
             finally:
                 follower.stop()   # cancelled (or the thread is done): the thread leaves
 
-        self._undispatched = trio.Event()
         self._follower = follower
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._wake_dispatch_later, take_news)
+                nursery.start_soon(take_news)
                 nursery.start_soon(stop_when_cancelled)
                 try:
                     await trio.to_thread.run_sync(follower.run, abandon_on_cancel=False)
@@ -286,30 +294,27 @@ class HAClient:
             self._master_max_offset = max(self._master_max_offset, follower.master_max_offset)
             self._received_bytes += follower.received_bytes
             self._thread_frames += follower.frames
+            self._thread_passes += follower.passes
+            if follower.undispatched:
+                self.store.wake_dispatch()   # what the thread appended is indexed all the same
             self._take_news(follower)
 
     def _take_news(self, follower: FollowThread) -> None:
-        """What the follow thread appended goes to the dispatch; a confirm offset it moved
-        to the listeners."""
-        if follower.appended:
-            follower.appended = False
-            self.store.wake_dispatch()
+        """A confirm offset the follow thread moved, to the listeners."""
         if follower.confirm_moved:
             follower.confirm_moved = False
             if self.on_confirm_advanced is not None:
                 self.on_confirm_advanced()
 
-    async def _wake_dispatch_later(self, wake: Callable[[], None] | None = None) -> None:
+    async def _wake_dispatch_later(self) -> None:
         """Wake the store's dispatch ``dispatch_delay_ms`` after the first frame appended
-        since its last wake: the frames of that time share one pass. ``wake`` does it
-        instead of ``store.wake_dispatch`` (the follow thread's news)."""
+        since its last wake: the frames of that time share one pass."""
         delay_s = self.settings.dispatch_delay_ms / 1000
-        wake = self.store.wake_dispatch if wake is None else wake
         while True:
             await self._undispatched.wait()
             await trio.sleep(delay_s)
             self._undispatched = trio.Event()
-            wake()
+            self.store.wake_dispatch()
 
     async def _handshake(self, stream, reader: StreamReader) -> Welcome:
         hello = Hello.decode(await reader.control())
@@ -521,6 +526,12 @@ class HAClient:
         """Frames appended by follow threads (follow_thread.py), the running one's included."""
         follower = self._follower
         return self._thread_frames + (follower.frames if follower is not None else 0)
+
+    @property
+    def passes_by_thread(self) -> int:
+        """Dispatch passes run by follow threads, the running one's included."""
+        follower = self._follower
+        return self._thread_passes + (follower.passes if follower is not None else 0)
 
     def statistics(self) -> HaClientStatistics:
         max_offset = self.store.max_offset

@@ -6,7 +6,7 @@ it; tests may hand in any object that does.
 
     master: max_offset, min_offset, read, store_timestamp_at, confirm_offset,
             publish_confirm_offset
-    slave:  max_offset, min_offset, append, wake_dispatch, cut, reset
+    slave:  max_offset, min_offset, append, wake_dispatch, dispatch_now, cut, reset
 
 Every offset is a physical CommitLog offset at a record boundary. The blocking calls
 (``append`` of a large chunk, ``cut``, ``reset``) are run in a worker thread by the callers.
@@ -47,6 +47,10 @@ class ReplicaStore(Protocol):
 
     def wake_dispatch(self) -> None:
         """Index what was appended without ``wake_dispatch`` (cheap, never blocks)."""
+
+    def dispatch_now(self, bytes_max: int) -> bool | None:
+        """Index what was appended, one pass of at most ``bytes_max`` on the calling thread:
+        True nothing left for the caller, False more waits, None no pass could run now."""
 
     def cut(self, offset: int) -> None:
         """Drop the log and its indexes from ``offset`` (a record boundary) on, crash-safe."""

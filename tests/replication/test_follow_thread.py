@@ -7,12 +7,14 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
+import time
 
 import pytest
 
 from replication import protocol
 from replication.epochs import EpochEntry
 from replication.errors import HaProtocolError
+from replication import follow_thread
 from replication.follow_thread import ACK_FRAMES_MAX, RECEIVE_BUFFER_BYTES, FollowThread
 from replication.transport import PeerClosed
 
@@ -26,14 +28,15 @@ class Session:
     """A FollowThread on one end of a socket pair, run by a thread; the test is the master."""
 
     def __init__(self, slave, *, buffered: bytes = b"", read_timeout_ms: int = 10_000,
-                 ack_interval_ms: int = 10_000, clock=None) -> None:
+                 ack_interval_ms: int = 10_000, dispatch_delay_ms: int = 10_000, clock=None) -> None:
         self.master, theirs = socket.socketpair()
         self.master.settimeout(WAIT_S)
         self.signals = 0
         options = {} if clock is None else {"clock": clock}
         self.follower = FollowThread(slave.replica_log, epoch_file(slave), EPOCHS, theirs, buffered,
                                      read_timeout_ms=read_timeout_ms, ack_interval_ms=ack_interval_ms,
-                                     master_max_offset=0, signal=self._signal, **options)
+                                     dispatch_delay_ms=dispatch_delay_ms, master_max_offset=0,
+                                     signal=self._signal, **options)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -103,7 +106,9 @@ def test_frames_that_arrive_together_land_in_order_under_few_acks(open_store, se
     session.close()
     assert slave.replica_log.confirm_offset == end and follower.confirm_moved
     assert follower.master_max_offset == end + 100
-    assert follower.appended and session.signals == 1   # once, until the loop re-arms it
+    # no pass yet (due 10 s after the first frame): the loop is told of the confirm offset
+    # only once the frames it covers are indexed, and frames left over are the loop's
+    assert follower.undispatched and follower.passes == 0 and session.signals == 0
     assert session.error is None                        # stopped: no error
 
 
@@ -197,7 +202,7 @@ def test_the_wait_before_the_read_timeout_is_cut_short_to_end_on_time(open_store
     times = iter([0.0, 0.0, 0.08, 0.08, 0.1])   # made; first wait out (an ack is due); second wait out
 
     follower = FollowThread(slave.replica_log, epoch_file(slave), EPOCHS, sock, b"", read_timeout_ms=100,
-                            ack_interval_ms=80, master_max_offset=0, signal=lambda: None,
+                            ack_interval_ms=80, dispatch_delay_ms=50, master_max_offset=0, signal=lambda: None,
                             clock=lambda: next(times))
     with pytest.raises(HaProtocolError, match="nothing from the master for 100 ms"):
         follower.run()
@@ -221,3 +226,72 @@ def test_stop_ends_a_thread_waiting_for_frames_quietly(open_store, session_of):
     session.follower.stop()
     assert session.ended() is None
     assert session.follower.sock.fileno() == -1   # its socket closed on the way out
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
+        time.sleep(0.005)
+
+
+def test_the_thread_indexes_its_frames_itself_then_tells_the_loop(open_store, session_of):
+    master = open_store("master")
+    slave = open_store("slave", dispatcher_thread=False)   # as a node's: no thread of its own
+    results = put(master, 300, body_bytes=500)
+    pieces = chunks(master, 4, 25_000)
+    end = pieces[-1][0] + len(pieces[-1][1])
+    sent_messages = sum(result.physical_offset < end for result in results)
+    session = session_of(slave, dispatch_delay_ms=20)
+    # the CONFIRM first: the confirm offset moves with the frames, before they are indexed
+    session.master.sendall(protocol.confirm(end) + b"".join(frame(offset, data) for offset, data in pieces))
+    assert session.acks_until(end)[-1] == end
+    # the socket then stays quiet: its timeout wakes the thread for the pass
+    wait_until(lambda: session.signals == 1, "the loop told after the pass")
+    follower = session.follower
+    assert follower.passes == 1 and not follower.undispatched
+    assert slave.dispatcher.dispatched_offset == end and slave.dispatcher.dispatched_messages == sent_messages
+    assert follower.confirm_moved and slave.replica_log.confirm_offset == end
+
+
+def test_a_confirm_offset_over_indexed_frames_is_told_at_once(open_store, session_of):
+    master = open_store("master")
+    slave = open_store("slave", dispatcher_thread=False)
+    put(master, 100, body_bytes=500)
+    (offset, data), = chunks(master, 1, 100_000)
+    session = session_of(slave, dispatch_delay_ms=10)
+    session.master.sendall(frame(offset, data))
+    assert session.acks_until(len(data))[-1] == len(data)
+    wait_until(lambda: session.follower.passes == 1, "the pass")
+    assert session.signals == 0            # the confirm offset did not move: no news
+    session.master.sendall(protocol.confirm(len(data)))
+    wait_until(lambda: session.signals == 1, "the confirm offset told")
+    assert session.follower.passes == 1    # nothing waited for a pass
+
+
+def test_a_thread_behind_by_more_than_a_pass_runs_passes_until_caught_up(open_store, session_of, monkeypatch):
+    monkeypatch.setattr(follow_thread, "DISPATCH_PASS_BYTES", 20_000)
+    master = open_store("master")
+    slave = open_store("slave", dispatcher_thread=False)
+    results = put(master, 400, body_bytes=500)
+    pieces = chunks(master, 3, 80_000)
+    end = pieces[-1][0] + len(pieces[-1][1])
+    sent_messages = sum(result.physical_offset < end for result in results)
+    session = session_of(slave, dispatch_delay_ms=10)
+    session.master.sendall(b"".join(frame(offset, data) for offset, data in pieces))
+    assert session.acks_until(end)[-1] == end
+    wait_until(lambda: not session.follower.undispatched, "caught up")
+    assert session.follower.passes >= end // 20_000
+    assert slave.dispatcher.dispatched_offset == end and slave.dispatcher.dispatched_messages == sent_messages
+
+
+def test_a_dispatcher_with_a_thread_of_its_own_is_woken_instead(open_store, session_of):
+    master = open_store("master")
+    slave = open_store("slave")   # dispatcher_thread: true
+    put(master, 100, body_bytes=500)
+    (offset, data), = chunks(master, 1, 100_000)
+    session = session_of(slave, dispatch_delay_ms=10)
+    session.master.sendall(frame(offset, data))
+    assert session.acks_until(len(data))[-1] == len(data)
+    wait_until(lambda: slave.dispatcher.dispatched_offset == len(data), "the dispatcher thread's pass")
+    wait_until(lambda: not session.follower.undispatched, "the thread's turn handed over")
