@@ -133,7 +133,7 @@ class FollowThread:
         self.master_confirm_offset = 0
         self.received_bytes = 0
         self.frames = 0
-        self.passes = 0          # dispatch passes run by this thread
+        self.passes = 0          # dispatch passes this thread ran or asked for (dispatch_now calls)
 
     @property
     def undispatched(self) -> bool:

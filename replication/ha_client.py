@@ -179,7 +179,7 @@ class HAClient:
         self.appended_by_receiver = 0  # frames the receiver appended itself (no hop to the applier)
         self._follower: FollowThread | None = None   # the session's follow thread, while it runs
         self._thread_frames = 0        # frames appended by the follow threads of ended sessions
-        self._thread_passes = 0        # dispatch passes the follow threads of ended sessions ran
+        self._thread_passes = 0        # dispatch passes the follow threads of ended sessions asked for
 
     # --- the reconnect loop --------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -529,7 +529,7 @@ class HAClient:
 
     @property
     def passes_by_thread(self) -> int:
-        """Dispatch passes run by follow threads, the running one's included."""
+        """Dispatch passes follow threads ran or asked for, the running one's included."""
         follower = self._follower
         return self._thread_passes + (follower.passes if follower is not None else 0)
 
