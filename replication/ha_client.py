@@ -250,10 +250,10 @@ class HAClient:
         this task is cancelled. The thread dispatches what it appended itself; the confirm
         offset it moved is told to ``on_confirm_advanced`` here, when the thread says so."""
         token = trio.lowlevel.current_trio_token()
-        news = [trio.Event()]
+        news = trio.Event()
 
         def tell_news() -> None:   # on the loop's thread
-            news[0].set()
+            news.set()
 
         sock = thread_socket(stream)
         try:
@@ -267,9 +267,10 @@ class HAClient:
             raise
 
         async def take_news() -> None:
+            nonlocal news
             while True:
-                await news[0].wait()
-                news[0] = trio.Event()
+                await news.wait()
+                news = trio.Event()
                 follower.signalled = False   # re-armed before the flags are read: none is missed
                 self._take_news(follower)
 
