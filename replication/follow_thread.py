@@ -2,7 +2,7 @@
 
     follower = FollowThread(store, epoch_file, welcome.epochs, thread_socket(stream),
                             reader.take_buffered(), read_timeout_ms=..., ack_interval_ms=...,
-                            master_max_offset=..., signal=...)
+                            dispatch_delay_ms=..., master_max_offset=..., signal=...)
     await trio.to_thread.run_sync(follower.run, abandon_on_cancel=False)   # until it fails
     follower.stop()              # from the loop, on cancellation: the thread leaves
 
@@ -43,9 +43,10 @@ What stays on the loop's thread: ``on_confirm_advanced``, told after the pass th
 the frames the confirm offset covers (readers on a slave see a message once it is
 dispatched, so the confirm offset moving sooner would wake them for nothing), or at once
 when every frame is indexed already. The thread tells the loop (``signal``) once until the
-loop re-arms it. A pass that cannot run here (the loop's own pass is under way: a session
-that ended left frames for it) is left to the loop. The store is thread-safe for this, as
-it is for its own dispatcher thread: appends take the commit log's write lock, the
+loop re-arms it. A pass that cannot run now (another thread's is under way, or the
+dispatcher is stopped or failed) is tried again a delay later; frames a session leaves
+unindexed when it ends are the loop's (``undispatched``). The store is thread-safe for
+this, as it is for its own dispatcher thread: appends take the commit log's write lock, the
 dispatch pass its own, and dispatch listeners hand over to the loop from any thread.
 
 Ending it: any failure ends the thread with its error; ``stop()`` (from the loop, when the

@@ -95,10 +95,10 @@ def _run(config: NodeConfig) -> None:
 
     return_large_buffers_to_the_system()
     # a thread woken by I/O (a slave's follow thread, replication/follow_thread.py) waits at
-    # most this long for the GIL while the loop's thread runs Python (a dispatch pass), not
-    # CPython's default 5 ms. Sync single sends' p99 (master and two slaves, alternated pairs):
-    # lower in 3 of 3 pairs with it on the slaves, 4 of 7 on every node: within this
-    # machine's noise, kept for what it bounds
+    # most this long for the GIL while the loop's thread runs Python, not CPython's default
+    # 5 ms. Sync single sends' p99 (master and two slaves, alternated pairs, measured while a
+    # slave's dispatch passes still ran on its loop's thread): lower in 3 of 3 pairs with it
+    # on the slaves, 4 of 7 on every node: within this machine's noise, kept for what it bounds
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         trio.run(run_node_until_signalled, config, ready)
