@@ -17,7 +17,11 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
     if first - ports.LOWEST_PORT >= 4096:
         assert all(port < first for port in chosen)
     for port in chosen:
+        # As the node's listener does: a port an earlier test's cluster listened on may
+        # still hold that listener's closed connections in TIME_WAIT; free_ports counts
+        # it free, and so does a listener with SO_REUSEADDR, but a plain bind does not.
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", port))
 
 
