@@ -125,6 +125,9 @@ def test_previous_ports_are_reused_only_while_free():
     first = assign_ports(topology, {})
     assert assign_ports(topology, first) == first
     with socket.socket() as holder:
+        # a listener, as a node's: SO_REUSEADDR lets it take a port still in TIME_WAIT
+        # from an earlier test, which assign_ports counts free
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", first["g1-n2"].client_port))
         holder.listen()
         second = assign_ports(topology, first)
