@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -12,16 +11,11 @@ import trio
 import yaml
 
 from node.client import OutgoingMessage, open_admin, open_producer
+from node.cluster.process import free_port
 
 from node_helpers import SMALL_STORE
 
 pytestmark = pytest.mark.integration   # node processes killed and restarted
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(config_path: str) -> tuple[subprocess.Popen, dict]:
@@ -36,7 +30,7 @@ def _start(config_path: str) -> tuple[subprocess.Popen, dict]:
 
 def test_sigkill_then_restart_keeps_acked_messages_and_offsets(tmp_path):
     store_path = tmp_path / "store"
-    config = {"node_id": "r1", "store_path": str(store_path), "client_address": f"127.0.0.1:{_free_port()}",
+    config = {"node_id": "r1", "store_path": str(store_path), "client_address": f"127.0.0.1:{free_port()}",
               "metrics_address": "127.0.0.1:0", "ha_address": "127.0.0.1:0", "config_persist_interval_ms": 3_600_000, "store": SMALL_STORE}
     config_path = tmp_path / "node.yaml"
     config_path.write_text(yaml.safe_dump(config))

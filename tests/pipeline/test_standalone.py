@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import time
 import pyspark
 import pytest
 
+from node.cluster.process import free_port
 from pipeline_helpers import sample_messages, write_store
 
 pytestmark = pytest.mark.integration
@@ -20,12 +20,6 @@ pytestmark = pytest.mark.integration
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 START_TIMEOUT_S = 120
 JOB_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _wait_for_line(path: str, text: str, process: subprocess.Popen, timeout_s: float) -> None:
@@ -54,7 +48,7 @@ def test_stats_on_a_standalone_cluster(tmp_path):
     env = {**os.environ, "SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
            "SPARK_LOG_DIR": str(tmp_path), "SPARK_NO_DAEMONIZE": "1"}
     spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
-    port = _free_port()
+    port = free_port()
     master_log, worker_log = str(tmp_path / "master.log"), str(tmp_path / "worker.log")
     processes = []
     try:
