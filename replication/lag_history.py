@@ -210,6 +210,24 @@ class LagHistory:
         """``slave``'s status now (OFFLINE for a slave never sampled)."""
         return evaluate(self._slaves.get(slave, ()), self.clock(), self.interval_s)
 
+    def status_with(self, sample: LagSample) -> LagStatus:
+        """``sample.slave``'s status beside ``sample``, its view at this moment (not
+        recorded), as a status reply shows them together: what the moment itself shows
+        decides (not connected: OFFLINE; no lag: OK), so the status never contradicts the
+        connection and lag printed next to it; a trend (STALLED, FALLING_BEHIND,
+        CATCHING_UP) is judged on the recorded samples, a second apart, with ``sample`` as
+        the newest only where they alone would say OFFLINE (it reconnected since the last)."""
+        if not sample.connected:
+            return LagStatus.OFFLINE
+        if sample.lag_bytes == 0:
+            return LagStatus.OK
+        recorded = self._slaves.get(sample.slave, ())
+        status = evaluate(recorded, sample.time_s, self.interval_s)
+        if status is not LagStatus.OFFLINE:
+            return status
+        recent = list(itertools.islice(reversed(recorded), WINDOW_SAMPLES - 1))[::-1]
+        return evaluate(recent + [sample], sample.time_s, self.interval_s)
+
     def statuses(self) -> dict[str, LagStatus]:
         return {slave: self.status(slave) for slave in sorted(self._slaves)}
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import trio
 
-from replication.lag_history import LagHistory, LagSample
+from replication.lag_history import LagHistory, LagSample, LagStatus, samples_from_status
 
 from ..wire.protocol import Fields
 
@@ -76,12 +76,19 @@ class LagSampler:
 
     def replication_status(self) -> dict:
         """The replication status section, each slave with its ``lag_status`` (what the status
-        reply, ``hastore cluster status`` and the metrics show)."""
+        reply, ``hastore cluster status`` and the metrics show), judged beside this moment's
+        view of the slave (``LagHistory.status_with``): it agrees with the connection and
+        lag printed next to it, not only with the last sample (up to a second old)."""
         status = self._status()
         if "slaves" in status:
-            status = {**status, "slaves": [{**slave, "lag_status": self.history.status(slave["node_id"]).value}
+            now = {sample.slave: sample for sample in samples_from_status(self.node_id, status, self.history.clock())}
+            status = {**status, "slaves": [{**slave, "lag_status": self._status_now(slave["node_id"], now).value}
                                            for slave in status["slaves"]]}
         return status
+
+    def _status_now(self, slave: str, now: dict[str, LagSample]) -> LagStatus:
+        sample = now.get(slave)
+        return self.history.status(slave) if sample is None else self.history.status_with(sample)
 
     def lag_history_reply(self, f: Fields) -> dict:
         """The LAG_HISTORY request: samples taken at or after ``since_ms`` (ms since the epoch;

@@ -64,6 +64,26 @@ async def test_samples_go_to_the_history_the_reply_the_status_and_metrics(autoju
 
 
 @pytest.mark.trio
+async def test_the_status_section_judges_each_slave_with_its_view_now(autojump_clock):
+    status = FakeMaster(stall_at_s=1_000.0)
+    connected = {"now": False}
+
+    def view() -> dict:
+        section = status()
+        section["slaves"][0]["connected"] = connected["now"]
+        return section
+    sampler = LagSampler("m", "g1", view, LagHistory(trio.current_time))
+    for _ in range(3):   # sampled while the slave was away
+        sampler.sample()
+        await trio.sleep(1)
+    connected["now"] = True   # back, caught up, between two samples
+    assert sampler.history.status("s").value == "OFFLINE"
+    assert sampler.replication_status()["slaves"][0]["lag_status"] == "OK"
+    connected["now"] = False
+    assert sampler.replication_status()["slaves"][0]["lag_status"] == "OFFLINE"
+
+
+@pytest.mark.trio
 async def test_a_master_appends_its_samples_to_the_journal(tmp_path):
     # no autojump clock here: the journal is written in a worker thread, while which an
     # autojump clock would move on

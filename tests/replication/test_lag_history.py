@@ -155,6 +155,37 @@ def test_the_history_records_what_a_status_says_at_the_clock_time():
     assert history.status("never-seen") is LagStatus.OFFLINE
 
 
+def test_a_status_judged_now_takes_the_moments_view_as_its_newest_sample():
+    clock = FakeClock(100.0)
+    history = LagHistory(clock)
+    for step in range(3):   # sampled while the slave was away
+        clock.now = 100.0 + step
+        history.record_status("n1", master_status([slave_entry("n2", 400, connected=False)]))
+    clock.now = 102.5
+    assert history.status("n2") is LagStatus.OFFLINE
+    # it reconnected and caught up since the last sample: the reply's columns say so, and so does its status
+    (back,) = samples_from_status("n1", master_status([slave_entry("n2", 1_000)]), clock.now)
+    assert history.status_with(back) is LagStatus.OK
+    (behind,) = samples_from_status("n1", master_status([slave_entry("n2", 600)]), clock.now)
+    assert history.status_with(behind) is LagStatus.CATCHING_UP   # a new connection, no trend yet
+    (gone,) = samples_from_status("n1", master_status([slave_entry("n2", 1_000, connected=False)]), clock.now)
+    assert history.status_with(gone) is LagStatus.OFFLINE
+    assert history.status_with(sample(clock.now, 5, 9, slave="never-seen")) is LagStatus.CATCHING_UP
+    assert len(history.samples("n2")) == 3   # nothing recorded by judging
+
+
+def test_a_status_judged_now_keeps_the_recorded_trend():
+    clock = FakeClock(0.0)
+    history = LagHistory(clock)
+    for step in range(WINDOW_SAMPLES + 5):   # acks stop at 100 while the master grows
+        clock.now = float(step)
+        history.record(sample(clock.now, 100, 400 + step))
+    now = sample(clock.now + 0.4, 100, 400 + WINDOW_SAMPLES + 5)
+    assert history.status("n2") is LagStatus.STALLED and history.status_with(now) is LagStatus.STALLED
+    caught_up = sample(clock.now + 0.4, 500, 500)   # no lag this moment: what the columns show wins
+    assert history.status_with(caught_up) is LagStatus.OK
+
+
 def test_the_history_is_bounded_per_slave_and_in_slaves():
     clock = FakeClock()
     history = LagHistory(clock, samples_per_slave_max=WINDOW_SAMPLES, slaves_max=2)
