@@ -155,7 +155,7 @@ def test_the_history_records_what_a_status_says_at_the_clock_time():
     assert history.status("never-seen") is LagStatus.OFFLINE
 
 
-def test_a_status_judged_now_takes_the_moments_view_as_its_newest_sample():
+def test_a_status_judged_now_agrees_with_the_moments_connection_and_lag():
     clock = FakeClock(100.0)
     history = LagHistory(clock)
     for step in range(3):   # sampled while the slave was away
