@@ -30,7 +30,7 @@ __all__ = ["NodeProcess", "free_port", "stderr_tail"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the OS picks it)."""
+    """A port nothing listens on right now, below the ephemeral range (``free_ports``)."""
     return free_ports(host, 1)[0]
 
 

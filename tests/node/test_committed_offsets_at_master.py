@@ -8,8 +8,6 @@ a dead HA address) so its view stays behind while the master takes new commits."
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import trio
 
@@ -18,6 +16,7 @@ from node.client.admin import Admin
 from node.client.connection import connect
 from node.client.routed_consumer import open_routed_consumer
 from node.client.routing import NodeDirectory
+from node.cluster.process import free_port
 from node.errors import NotMasterError
 from node.server.role import Role
 
@@ -31,10 +30,10 @@ COMMITTED = {0: 3, 1: 3}   # what the master acked after
 
 
 def _dead_ha_address() -> str:
-    """A loopback address nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return "%s:%d" % sock.getsockname()
+    """A loopback address nothing listens on. Below the ephemeral range (``free_port``): a
+    port from it (``bind(0)``) can be the local port of the slave's own connection attempt,
+    which then connects to itself (TCP simultaneous open) instead of being refused."""
+    return f"127.0.0.1:{free_port()}"
 
 
 async def _master_and_lagging_slave(nursery, tmp_path):
