@@ -210,7 +210,8 @@ def _batch_sizes(ctx, param, value: str | None) -> tuple[int, ...] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--peer", type=click.Choice(["redis"]), default=None,
               help="Instead: sync replication to two slaves beside this peer (Redis + WAIT 2), interleaved "
-                   "rounds, medians and ratios (node/bench/sync_compare.py).")
+                   "rounds, medians and ratios, single sends also beside a relay floor with no store "
+                   "(node/bench/sync_compare.py).")
 @click.option("--rounds", default=3, show_default=True, type=click.IntRange(1, 20), help="Rounds with --peer.")
 @click.option("--batch-costs", "batch_sizes", default=None, metavar="SIZES", callback=_batch_sizes,
               help="With --peer: then the batched workload again at each of these batch sizes (e.g. 16,64,256; "

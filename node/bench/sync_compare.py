@@ -13,12 +13,18 @@ and the same workloads, 1 KiB messages, from this process:
     single    one send at a time, p50 / p99 of its round trip |  XADD + WAIT 2 per message
     alone     one send at a time to the node alone            |  XADD alone (no WAIT)
 
+The floor: single sends also alternate with round trips through a relay of the same shape
+(node/bench/relay_floor.py: a trio master relaying each request to two slaves that hold
+it in memory and ack, the reply leaving with the last ack), with nothing of a store in it.
+Its p50 is what Python, trio and this machine's loopback take for the message flow alone;
+each side's single p50 over it (``floor_ratios``) is what that side's own work adds.
+
 Each round runs every workload on both sides, alternating which side goes first; single
-and alone sends alternate between the sides in blocks of ``LATENCY_BLOCK`` so that both
-meet the same spells of a noisy machine. Over ``--rounds`` rounds (3 by default) the
-medians of each figure are taken and their ratios reported, hastore over Redis:
-``batched`` and ``batched_per_cpu`` above 1, ``single_p50`` and ``single_p99`` below 1
-favour hastore.
+and alone sends alternate between the sides (single sends with the floor's round trips
+too) in blocks of ``LATENCY_BLOCK``, so that all meet the same spells of a noisy machine.
+Over ``--rounds`` rounds (3 by default) the medians of each figure are taken and their
+ratios reported, hastore over Redis: ``batched`` and ``batched_per_cpu`` above 1,
+``single_p50`` and ``single_p99`` below 1 favour hastore.
 
 CPU: utime + stime (+ children reaped) of every process of a side, and of this client
 process, from /proc/PID/stat, read right before and after each measured window; per
@@ -48,6 +54,7 @@ from ..client import OutgoingMessage, open_admin, open_producer
 from ..errors import BenchPeerError
 from . import batch_costs, redis_peer
 from .cpu_meter import CpuMeter
+from .relay_floor import FloorClient, RelayFloor
 
 BODY = b"r" * 1024
 REPLICAS = 2
@@ -56,6 +63,7 @@ IN_FLIGHT = 8
 QUEUES = 4
 LATENCY_BLOCK = 100
 SETUP_DEADLINE_S = 120
+FLOOR_REPLY_BYTES = 64   # about a single send's reply
 STORED_DEADLINE_S = 60
 TARGETS = {"batched_min": 1.5, "batched_per_cpu_min": 1.5, "single_p50_max": 1.3, "single_p99_max": 1.5}
 # big segments and index files: no roll-over mid-measurement (as node/bench/produce.py)
@@ -237,14 +245,31 @@ class _RedisSingle:
         return {**figures, "cpu_us_per_msg": self.meter.per_message_us(figures["acked"])}
 
 
+class _FloorSingle:
+    """The relay floor's round trips, in blocks beside the sides' single sends."""
+
+    def __init__(self, client: FloorClient, meter: CpuMeter) -> None:
+        self.client, self.meter = client, meter
+
+    async def block(self, count: int, deadline: float) -> None:
+        self.meter.begin()
+        await self.client.round_trips(count, deadline)
+        self.meter.end()
+
+    def figures(self) -> dict:
+        figures = redis_peer.latency_figures(self.client.times, 0)
+        return {**figures, "cpu_us_per_msg": self.meter.per_message_us(figures["acked"])}
+
+
 # --- rounds --------------------------------------------------------------------------------
 class Comparison:
     """Both sides, started once; ``run_round`` measures every workload on both."""
 
     def __init__(self, hastore: HastoreSide, redis_group, *, seconds: float, samples: int,
-                 messages_max: int) -> None:
+                 messages_max: int, floor: RelayFloor | None = None) -> None:
         self.hastore = hastore
         self.redis_group = redis_group
+        self.floor = floor
         self.redis = redis_group.primary_client() if redis_group is not None else None
         self.seconds = seconds
         self.samples = samples
@@ -260,7 +285,8 @@ class Comparison:
         await self.hastore.create_topics(list(names.values()))
         hastore_first = index % 2 == 0
         figures: dict = {"round": index + 1, "first": "hastore" if hastore_first or self.redis is None else "redis",
-                         "hastore": {}, "redis": {} if self.redis is not None else None}
+                         "hastore": {}, "redis": {} if self.redis is not None else None,
+                         "floor": {} if self.floor is not None else None}
         for side in (("hastore", "redis") if hastore_first else ("redis", "hastore")):
             if side == "hastore":
                 figures["hastore"]["batched"] = await hastore_batched(
@@ -297,19 +323,33 @@ class Comparison:
             if self.redis is not None:
                 redis_pids = self.redis_group.pids if wait else {"primary": self.redis_group.primary.pid}
                 redis = _RedisSingle(self.redis, topic, CpuMeter(redis_pids), wait)
-            done = 0
-            while done < self.samples and time.perf_counter() < deadline:
-                count = min(LATENCY_BLOCK, self.samples - done)
-                if hastore_first or redis is None:
-                    await hastore.block(count, deadline)
-                if redis is not None:
-                    redis.block(count, deadline)
-                if not hastore_first and redis is not None:
-                    await hastore.block(count, deadline)
-                done += count
+            floor = None
+            if wait and self.floor is not None:
+                floor = _FloorSingle(await FloorClient.connect(self.floor.client_port, BODY, FLOOR_REPLY_BYTES),
+                                     CpuMeter(self.floor.pids))
+                await floor.client.round_trips(1, deadline)   # the connection is open before timing starts
+                floor.client.times.clear()
+            try:
+                done = 0
+                while done < self.samples and time.perf_counter() < deadline:
+                    count = min(LATENCY_BLOCK, self.samples - done)
+                    if hastore_first or redis is None:
+                        await hastore.block(count, deadline)
+                    if redis is not None:
+                        redis.block(count, deadline)
+                    if not hastore_first and redis is not None:
+                        await hastore.block(count, deadline)
+                    if floor is not None:
+                        await floor.block(count, deadline)
+                    done += count
+            finally:
+                if floor is not None:
+                    await floor.client.aclose()
         figures["hastore"][workload] = hastore.figures()
         if redis is not None:
             figures["redis"][workload] = redis.figures()
+        if floor is not None:
+            figures["floor"][workload] = floor.figures()
 
     async def _stored(self, figures: dict, names: dict) -> dict:
         stored: dict = {"hastore": {}, "redis": {} if self.redis is not None else None}
@@ -349,18 +389,48 @@ def _ratio(mine: float | None, theirs: float | None) -> float | None:
     return round(mine / theirs, 3) if mine is not None and theirs else None
 
 
+def floor_medians(rounds: list[dict]) -> dict | None:
+    """The relay floor's single round trips, the median over rounds; None if not measured."""
+    runs = [figures["floor"]["single"] for figures in rounds if (figures.get("floor") or {}).get("single")]
+    if not runs:
+        return None
+    medians = {key: _median([run[key] for run in runs]) for key in ("p50_us", "p99_us")}
+    medians["cpu_us_per_msg"] = {name: _median([run["cpu_us_per_msg"][name] for run in runs])
+                                 for name in runs[0]["cpu_us_per_msg"]}
+    return {"single": medians}
+
+
+def floor_ratios(medians: dict) -> dict | None:
+    """Each side's single-send p50 and CPU a send over the relay floor's (what its own work adds)."""
+    floor = medians.get("floor")
+    if floor is None:
+        return None
+    ratios = {}
+    for side in ("hastore", "redis"):
+        if side in medians:
+            single = medians[side]["single"]
+            ratios[f"{side}_single_p50"] = _ratio(single["p50_us"], floor["single"]["p50_us"])
+            ratios[f"{side}_single_cpu"] = _ratio(single["cpu_us_per_msg"]["total"],
+                                                  floor["single"]["cpu_us_per_msg"]["total"])
+    return ratios
+
+
 def summarize(rounds: list[dict]) -> dict:
-    """Medians of both sides and the ratios of the medians (hastore over Redis)."""
+    """Medians of both sides (and of the floor) and the ratios of the medians (hastore over
+    Redis; each side over the floor)."""
     medians = {"hastore": side_medians(rounds, "hastore")}
+    floor = floor_medians(rounds)
+    if floor is not None:
+        medians["floor"] = floor
     if rounds[0]["redis"] is None:
-        return {"medians": medians, "ratios": None}
+        return {"medians": medians, "ratios": None, "floor_ratios": floor_ratios(medians)}
     medians["redis"] = theirs = side_medians(rounds, "redis")
     mine = medians["hastore"]
     ratios = {"batched": _ratio(mine["batched"]["msgs_per_s"], theirs["batched"]["msgs_per_s"]),
               "batched_per_cpu": _ratio(mine["batched"]["msgs_per_cpu_s"], theirs["batched"]["msgs_per_cpu_s"]),
               "single_p50": _ratio(mine["single"]["p50_us"], theirs["single"]["p50_us"]),
               "single_p99": _ratio(mine["single"]["p99_us"], theirs["single"]["p99_us"])}
-    return {"medians": medians, "ratios": ratios}
+    return {"medians": medians, "ratios": ratios, "floor_ratios": floor_ratios(medians)}
 
 
 def targets_met(ratios: dict | None) -> dict | None:
@@ -382,8 +452,9 @@ def _cpu_line(figures: dict) -> str:
     return " ".join(f"{name} {_cell(us)}" for name, us in figures["cpu_us_per_msg"].items())
 
 
-def table(title: str, hastore: dict, redis: dict | None) -> list[str]:
-    """One round's (or the medians') figures, side by side, with ratios."""
+def table(title: str, hastore: dict, redis: dict | None, floor: dict | None = None) -> list[str]:
+    """One round's (or the medians') figures, side by side, with ratios; the relay floor's
+    single round trips below them."""
     rows = [("batched msgs/s", "batched", "msgs_per_s"), ("batched msgs/CPU-s", "batched", "msgs_per_cpu_s"),
             ("single p50 µs", "single", "p50_us"), ("single p99 µs", "single", "p99_us"),
             ("alone p50 µs", "alone", "p50_us"), ("alone p99 µs", "alone", "p99_us")]
@@ -397,6 +468,10 @@ def table(title: str, hastore: dict, redis: dict | None) -> list[str]:
         lines.append(f"  CPU µs/msg {workload:<8} hastore: {_cpu_line(hastore[workload])}")
         if redis is not None:
             lines.append(f"  {'':<20} redis:   {_cpu_line(redis[workload])}")
+    if floor is not None:
+        single = floor["single"]
+        lines.append(f"  relay floor (no store) single p50 {_cell(single['p50_us'])} µs, "
+                     f"p99 {_cell(single['p99_us'])} µs; CPU µs/msg {_cpu_line(single)}")
     return lines
 
 
@@ -406,9 +481,11 @@ def report_lines(report: dict) -> list[str]:
     if report["peer_missing"]:
         lines.append(f"note: {report['peer_missing']}; hastore measured alone")
     for figures in report["rounds"]:
-        lines += table(f"round {figures['round']} ({figures['first']} first)", figures["hastore"], figures["redis"])
+        lines += table(f"round {figures['round']} ({figures['first']} first)", figures["hastore"], figures["redis"],
+                       figures.get("floor"))
     medians = report["medians"]
-    lines += table(f"medians of {len(report['rounds'])} rounds", medians["hastore"], medians.get("redis"))
+    lines += table(f"medians of {len(report['rounds'])} rounds", medians["hastore"], medians.get("redis"),
+                   medians.get("floor"))
     ratios = report["ratios"]
     if ratios is not None:
         met = report["targets_met"] or {}
@@ -416,6 +493,10 @@ def report_lines(report: dict) -> list[str]:
             f"{name} {value} ({'met' if met.get(name) else 'not met'})" for name, value in ratios.items()))
         lines.append(f"targets: batched >= {TARGETS['batched_min']}, per CPU >= {TARGETS['batched_per_cpu_min']}, "
                      f"single p50 <= {TARGETS['single_p50_max']}, p99 <= {TARGETS['single_p99_max']}")
+    if report.get("floor_ratios"):
+        lines.append("over the relay floor (single p50, CPU a send): " + ", ".join(
+            f"{side} {report['floor_ratios'][f'{side}_single_p50']}x, {report['floor_ratios'][f'{side}_single_cpu']}x"
+            for side in ("hastore", "redis") if f"{side}_single_p50" in report["floor_ratios"]))
     if "batch_costs" in report:
         lines += batch_costs.report_lines(report["batch_costs"])
     lines.append("stored what was acked: " + ("yes, on every member of both sides" if report["stored_ok"]
@@ -433,11 +514,13 @@ def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seco
         raise BenchPeerError(f"unknown peer {peer!r}: the comparison knows 'redis'")
     peer_missing = redis_peer.peer_problem()
     hastore = HastoreSide.start(os.path.join(directory, "hastore"))
+    floor = None
     try:
+        floor = RelayFloor.start(REPLICAS)
         redis_group = None if peer_missing else redis_peer.RedisGroup.start(os.path.join(directory, "redis"))
         try:
             comparison = Comparison(hastore, redis_group, seconds=seconds, samples=samples,
-                                    messages_max=messages_max)
+                                    messages_max=messages_max, floor=floor)
             try:
                 async def main() -> tuple[list[dict], dict | None]:
                     await hastore.wait_in_sync()
@@ -451,7 +534,11 @@ def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seco
             if redis_group is not None:
                 redis_group.stop()
     finally:
-        hastore.stop()
+        try:
+            if floor is not None:
+                floor.stop()
+        finally:
+            hastore.stop()
     summary = summarize(measured)
     stored_ok = all(check["ok"] for figures in measured for side in ("hastore", "redis")
                     for check in (figures["stored"][side] or {}).values())

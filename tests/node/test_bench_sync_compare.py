@@ -25,6 +25,17 @@ def _bench(env=None, *extra: str) -> dict:
     return json.loads(done.stdout), done.stderr
 
 
+def _check_floor(report: dict, sides: set[str]) -> None:
+    """The relay floor was timed in every round, and each side's single p50 and CPU set over it."""
+    for figures in report["rounds"]:
+        floor = figures["floor"]["single"]
+        assert floor["acked"] == 30 and 0 < floor["p50_us"] <= floor["p99_us"]
+        assert set(floor["cpu_us_per_msg"]) == {"master", "slave0", "slave1", "client", "total"}
+    assert set(report["floor_ratios"]) == {f"{side}_single_{figure}" for side in sides for figure in ("p50", "cpu")}
+    assert report["floor_ratios"]["hastore_single_p50"] == round(
+        report["medians"]["hastore"]["single"]["p50_us"] / report["medians"]["floor"]["single"]["p50_us"], 3)
+
+
 def _check_side(figures: dict, processes: set[str]) -> None:
     batched = figures["batched"]
     assert batched["acked"] > 0 and batched["failed"] == 0
@@ -57,6 +68,7 @@ def test_comparison_runs_both_sides_and_both_hold_what_they_acked():
     assert report["ratios"]["batched"] == round(
         medians["hastore"]["batched"]["msgs_per_s"] / medians["redis"]["batched"]["msgs_per_s"], 3)
     assert set(report["targets_met"]) == set(report["ratios"])
+    _check_floor(report, {"hastore", "redis"})
     # --batch-costs: the batched workload again at each size, on both sides, every ack held
     costs = report["batch_costs"]
     assert costs["sizes"] == [8, 32]
@@ -82,6 +94,7 @@ def test_without_redis_server_it_says_how_to_install_it_and_measures_hastore_alo
     assert only["redis"] is None
     _check_side(only["hastore"], {"master", "slave0", "slave1"})
     assert only["stored"]["hastore"]["batched"]["ok"] and report["stored_ok"]
+    _check_floor(report, {"hastore"})
 
 
 def _side(msgs_per_s: float, per_cpu: float, p50: float, p99: float) -> dict:
@@ -103,6 +116,26 @@ def test_ratios_are_of_the_medians_hastore_over_redis():
                                                            "single_p50": False, "single_p99": False}
     lines = sync_compare.table("medians", summary["medians"]["hastore"], summary["medians"]["redis"])
     assert any(line.split()[:2] == ["batched", "msgs/s"] and line.split()[-1] == "1.4" for line in lines)
+
+
+def test_each_side_over_the_floor_is_the_ratio_of_the_medians():
+    floor = [{"single": {"p50_us": p50, "p99_us": 2 * p50, "cpu_us_per_msg": {"master": 1.0, "total": cpu}}}
+             for p50, cpu in ((200, 400), (100, 300), (250, 500))]
+    rounds = [{"hastore": _side(1_000, 500, 600, 900), "redis": _side(1_000, 500, 300, 900), "floor": floor[0]},
+              {"hastore": _side(1_000, 500, 500, 900), "redis": _side(1_000, 500, 200, 900), "floor": floor[1]},
+              {"hastore": _side(1_000, 500, 700, 900), "redis": _side(1_000, 500, 250, 900), "floor": floor[2]}]
+    summary = sync_compare.summarize(rounds)
+    assert summary["medians"]["floor"]["single"]["p50_us"] == 200
+    assert summary["medians"]["floor"]["single"]["cpu_us_per_msg"]["total"] == 400
+    # _side charges 2 µs of CPU a send on each side
+    assert summary["floor_ratios"] == {"hastore_single_p50": 3.0, "hastore_single_cpu": 0.005,
+                                       "redis_single_p50": 1.25, "redis_single_cpu": 0.005}
+    lines = sync_compare.table("medians", summary["medians"]["hastore"], summary["medians"]["redis"],
+                               summary["medians"]["floor"])
+    assert any(line.strip().startswith("relay floor (no store) single p50 200 µs") for line in lines)
+    without = sync_compare.summarize([{"hastore": _side(1_000, 500, 300, 900), "redis": None, "floor": floor[0]}])
+    assert without["floor_ratios"] == {"hastore_single_p50": 1.5, "hastore_single_cpu": 0.005}
+    assert sync_compare.summarize([{"hastore": _side(1_000, 500, 300, 900), "redis": None}])["floor_ratios"] is None
 
 
 def test_without_a_peer_there_are_no_ratios():
