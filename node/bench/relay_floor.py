@@ -45,6 +45,7 @@ PAYLOAD_BYTES_MAX = 1 << 20
 REPLY_BYTES_MAX = 1 << 16
 SLAVE_LOG_BYTES = 64 << 20         # a slave's log buffer, written round (its content is never read)
 READY_TIMEOUT_S = 30
+REPLY_TIMEOUT_S = 10               # past a block's deadline, for the reply in flight
 STOP_TIMEOUT_S = 10
 
 
@@ -122,10 +123,11 @@ class RelayMaster:
         while waiting and waiting[0][0] <= held:
             _, client, reply = waiting.popleft()
             try:
-                if write_now(client, reply) < len(reply):
-                    raise trio.BrokenResourceError("a relay reply did not fit the client's socket")
+                sent = write_now(client, reply)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass   # that client is gone; the others' replies still go
+                continue   # that client is gone; the others' replies still go
+            if sent < len(reply):   # a client that sends one request at a time always has room
+                raise NodeError("a relay reply did not fit its client's socket")
 
 
 async def _write(stream: trio.SocketStream, lock: trio.Lock, data: bytes) -> None:
@@ -248,7 +250,14 @@ class FloorClient:
         return cls(await trio.open_tcp_stream("127.0.0.1", port), payload, reply_bytes)
 
     async def round_trips(self, count: int, deadline: float) -> None:
-        """``count`` round trips (fewer if ``deadline``, a perf_counter time, passes)."""
+        """``count`` round trips (fewer if ``deadline``, a perf_counter time, passes); NodeError
+        if a reply is still missing ``REPLY_TIMEOUT_S`` after the deadline."""
+        with trio.move_on_after(max(0.0, deadline - time.perf_counter()) + REPLY_TIMEOUT_S) as scope:
+            await self._round_trips(count, deadline)
+        if scope.cancelled_caught:
+            raise NodeError(f"the relay floor did not answer within {REPLY_TIMEOUT_S} s of the deadline")
+
+    async def _round_trips(self, count: int, deadline: float) -> None:
         stream, request, reply_size = self.stream, self.request, self.reply_size
         for _ in range(count):
             if time.perf_counter() > deadline:

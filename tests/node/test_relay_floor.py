@@ -1,6 +1,7 @@
 """The relay floor (node/bench/relay_floor.py) in one process on loopback: a request's
-reply leaves only once every slave has acked it, every slave holds every payload, and a
-slave that closes mid-frame is an error, not a quiet end."""
+reply leaves only once every slave has acked it, every slave holds every payload, a
+slave whose master closes mid-frame and a client whose reply never comes end in errors,
+not quietly or never."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import pytest
 import trio
 
+from node.bench import relay_floor
 from node.bench.relay_floor import ACK, FRAME, REPLY, REQUEST, FloorClient, RelayMaster, follow
 from node.errors import NodeError
 
@@ -72,9 +74,9 @@ async def test_a_reply_waits_for_the_last_slave_to_ack():
             while len(reply) < REPLY.size + 8:
                 reply += await client.receive_some(4096)
             assert reply == REPLY.pack(8) + bytes(8)
-            await client.aclose()
-            await held_back.aclose()
-            nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()   # before the slave closes: the master takes that for a failure
+        await client.aclose()
+        await held_back.aclose()
         await trio.to_thread.run_sync(thread.join, 5)
     assert ends == [len(PAYLOAD)]
 
@@ -95,3 +97,18 @@ async def test_a_master_closing_inside_a_frame_is_an_error():
     await trio.to_thread.run_sync(thread.join, 5)
     right.close()
     assert len(failures) == 1 and "inside a frame" in str(failures[0])
+
+
+async def test_a_floor_that_does_not_answer_is_an_error_not_a_hang(monkeypatch):
+    monkeypatch.setattr(relay_floor, "REPLY_TIMEOUT_S", 0.2)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            _, client_port, ha_port = await _start_master(nursery, 1)
+            silent = await trio.open_tcp_stream("127.0.0.1", ha_port)   # a slave that never acks
+            client = await FloorClient.connect(client_port, PAYLOAD, 8)
+            with pytest.raises(NodeError, match="did not answer"):
+                await client.round_trips(5, time.perf_counter() + 0.1)
+            assert client.times == []
+            nursery.cancel_scope.cancel()
+        await client.aclose()
+        await silent.aclose()
