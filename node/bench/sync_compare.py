@@ -373,16 +373,19 @@ def _median(values: list) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
+def _run_medians(runs: list[dict], keys: tuple[str, ...]) -> dict:
+    """The median over ``runs`` of each of ``keys`` and of each process's CPU a message."""
+    medians = {key: _median([run[key] for run in runs]) for key in keys}
+    medians["cpu_us_per_msg"] = {name: _median([run["cpu_us_per_msg"][name] for run in runs])
+                                 for name in runs[0]["cpu_us_per_msg"]}
+    return medians
+
+
 def side_medians(rounds: list[dict], side: str) -> dict:
     """Each workload's figures, the median over rounds (per process CPU too)."""
-    medians = {}
-    for workload in ("batched", "single", "alone"):
-        runs = [figures[side][workload] for figures in rounds]
-        keys = ("msgs_per_s", "msgs_per_cpu_s") if workload == "batched" else ("p50_us", "p99_us")
-        medians[workload] = {key: _median([run[key] for run in runs]) for key in keys}
-        medians[workload]["cpu_us_per_msg"] = {
-            name: _median([run["cpu_us_per_msg"][name] for run in runs]) for name in runs[0]["cpu_us_per_msg"]}
-    return medians
+    return {workload: _run_medians([figures[side][workload] for figures in rounds],
+                                   ("msgs_per_s", "msgs_per_cpu_s") if workload == "batched" else ("p50_us", "p99_us"))
+            for workload in ("batched", "single", "alone")}
 
 
 def _ratio(mine: float | None, theirs: float | None) -> float | None:
@@ -392,12 +395,7 @@ def _ratio(mine: float | None, theirs: float | None) -> float | None:
 def floor_medians(rounds: list[dict]) -> dict | None:
     """The relay floor's single round trips, the median over rounds; None if not measured."""
     runs = [figures["floor"]["single"] for figures in rounds if (figures.get("floor") or {}).get("single")]
-    if not runs:
-        return None
-    medians = {key: _median([run[key] for run in runs]) for key in ("p50_us", "p99_us")}
-    medians["cpu_us_per_msg"] = {name: _median([run["cpu_us_per_msg"][name] for run in runs])
-                                 for name in runs[0]["cpu_us_per_msg"]}
-    return {"single": medians}
+    return {"single": _run_medians(runs, ("p50_us", "p99_us"))} if runs else None
 
 
 def floor_ratios(medians: dict) -> dict | None:
