@@ -30,11 +30,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import time
 
+from ..cluster.process import free_port
 from ..errors import BenchPeerError
 
 INSTALL_HINT = ("redis-server is not installed; install it with `apt-get install redis-server` (Debian/Ubuntu) "
@@ -80,12 +80,6 @@ def redis_version() -> str:
     return output.strip()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _log_tail(path: str) -> str:
     try:
         with open(path, "rb") as handle:
@@ -115,7 +109,7 @@ class RedisServer:
         if path is None:
             raise BenchPeerError(INSTALL_HINT)
         os.makedirs(directory, exist_ok=True)
-        port = _free_port()
+        port = free_port()   # below the ephemeral range: no outgoing connection takes it first
         command = [path, "--port", str(port), "--dir", directory, "--logfile", os.path.join(directory, "redis.log"),
                    *SERVER_SETTINGS, *extra]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
