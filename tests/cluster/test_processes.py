@@ -15,6 +15,7 @@ from node.errors import NodeProcessError
 
 IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
 SLEEPS = "import time; time.sleep(60)"
+SAYS_UP_AND_SLEEPS = "import time; print('up', flush=True); time.sleep(60)"
 
 
 def _python(code: str) -> list[str]:
@@ -45,8 +46,12 @@ def test_an_adopted_pid_counts_only_while_it_is_the_recorded_process(tmp_path):
     work_dir = tmp_path / "work"
     work_dir.mkdir()
     marker = str(tmp_path / "node.yaml")
-    child = spawn([*_python(SLEEPS), marker], str(work_dir / "log"), detached=True, work_dir=str(work_dir))
+    child = spawn([*_python(SAYS_UP_AND_SLEEPS), marker], str(work_dir / "log"), ready_pipe=True, detached=True,
+                  work_dir=str(work_dir))
     try:
+        # Popen returns once exec has closed its error pipe, but the kernel fills in the new
+        # program's argv (/proc/PID/cmdline) a moment later: read it once the child has run.
+        assert child.popen.stdout.readline() == b"up\n"
         assert SupervisedProcess.adopt(child.pid, marker, "/nowhere").alive()          # by its argv
         assert SupervisedProcess.adopt(child.pid, "/other/node.yaml", str(work_dir)).alive()  # by its cwd
         stranger = SupervisedProcess.adopt(child.pid, "/other/node.yaml", "/nowhere")  # a reused pid
@@ -62,6 +67,7 @@ def test_an_adopted_pid_counts_only_while_it_is_the_recorded_process(tmp_path):
         if child.alive():
             child.popen.kill()
             child.popen.wait(5)
+        child.close()
 
 
 @pytest.mark.integration
