@@ -11,7 +11,7 @@ import trio.testing
 
 from replication import protocol
 from replication.epochs import EpochEntry
-from replication.log_sender import DIRECT_SEND_BYTES_MAX, IDLE_POLL_MS, LogSenders
+from replication.log_sender import DIRECT_SEND_BYTES_MAX, IDLE_POLL_MS, INLINE_READ_BYTES_MAX, LogSenders
 from replication.sync_state import ReplicaProgress
 from replication.transport import StreamReader
 
@@ -120,6 +120,34 @@ async def test_a_slave_far_behind_is_left_to_the_task(open_store, autojump_clock
         nursery.cancel_scope.cancel()
     assert sum(size for _, kind, _, size in slave.frames if kind == "data") == \
         results[-1].end_offset - results[0].physical_offset
+
+
+async def test_a_backlog_is_read_inline_within_the_bound_and_in_a_worker_thread_beyond(open_store):
+    # the real clock: reads in worker threads take real time
+    store = open_store("m", commitlog_segment_bytes=64 << 20)
+    async with trio.open_nursery() as nursery:
+        senders, replica, slave = await _senders(store, nursery)
+        nursery.start_soon(slave.run)
+
+        async def sent_up_to(end: int) -> None:
+            with trio.fail_after(30):
+                while replica.sent_offset < end or senders.parked == 0:
+                    await trio.sleep(0.001)
+        near = put(store, INLINE_READ_BYTES_MAX // 2 // 1000, body_bytes=1000)   # ~1 MiB behind
+        senders.notify_appended()
+        await sent_up_to(near[-1].end_offset)
+        assert senders.frames_built == 1           # one frame, read on the loop's thread
+        # ~5 MiB behind: a first frame of the 4 MiB chunk, then what is left (~1 MiB)
+        far = put(store, (5 << 20) // 1000, body_bytes=1000)
+        assert 4 << 20 < far[-1].end_offset - far[0].physical_offset < (4 << 20) + INLINE_READ_BYTES_MAX
+        senders.notify_appended()
+        await sent_up_to(far[-1].end_offset)
+        await trio.sleep(0.05)                      # the slave reads the last frame
+        nursery.cancel_scope.cancel()
+    far_frames = [frame for frame in slave.frames if frame[1] == "data" and frame[2] >= far[0].physical_offset]
+    assert sum(size for _, _, _, size in far_frames) == far[-1].end_offset - far[0].physical_offset
+    # the chunk read in a worker thread (more than the bound behind), the rest inline
+    assert len(far_frames) == 2 and senders.frames_built == 2
 
 
 # --- two slaves: a frame built once, the same bytes to both ----------------------------------
