@@ -43,7 +43,7 @@ from .transport import send_now, writev_now
 
 # A sender at most this far behind the log's end reads and checksums its frame inline (recent
 # bytes: in the page cache, a CRC of 2 MiB is ~0.2 ms); further behind, in a worker thread
-# (older bytes may need the disk). At 256 KiB, batched sends (8 batches of 64 KiB in flight)
+# (older bytes may need the disk). At 256 KiB, batched sends (8 batches of ~70 KB in flight)
 # crossed it on most batches, and each thread hop hands the GIL over twice: 2 MiB took a
 # master with two slaves from 26.3-28.1k to 30.3-32.2k msgs/s (three alternated pairs).
 INLINE_READ_BYTES_MAX = 2 * 1024 * 1024
