@@ -16,9 +16,11 @@ only while the store runs (checkpoint, flush service, retention) are handed over
 Chunks. A master streams its log in chunks of whole records that never span two segments.
 A segment's closing blank record belongs to the chunk that reaches it, so such a chunk ends
 exactly at the segment's end and the slave's segments line up with the master's byte for
-byte. ``read_chunk`` walks record headers only (size and magic, no CRC): a chunk of 1 KiB
-messages costs one ``struct`` unpack per record, and it returns a read-only view of the
-mapping rather than a copy, so the master hands the page cache to the socket directly.
+byte. ``read_chunk`` returns a read-only view of the mapping rather than a copy, so the
+master hands the page cache to the socket directly. A chunk that takes everything up to the
+log's end (a caught-up slave's, nearly every one) is whole records by construction: only
+its first record header is looked at. One cut short by ``max_bytes`` walks record headers
+(size and magic, no CRC) to end on a record: one ``struct`` unpack per record.
 ``check_chunk`` is the slave's check of the same framing before a byte is written.
 
 Cut marker. Cutting a slave's log past the consistent point touches three structures
@@ -88,6 +90,15 @@ def read_chunk(segments, offset: int, end: int, max_bytes: int) -> memoryview:
     limit = min(segment.size, end - segment.start_offset)
     budget_end = start + max_bytes
     unpack = codec.BLANK_HEADER.unpack_from
+    if limit <= budget_end and end <= segment.end_offset:
+        # all of it, up to ``end``: the log's end is always where a record ends (appends and
+        # cuts move it by whole records), so only the first record is looked at (``offset``
+        # must be one) rather than each; the slave checks every record's framing anyway
+        size, magic = unpack(mm, position)
+        if magic == codec.BLANK_MAGIC and start + size == segment.size == limit \
+                or magic == codec.MESSAGE_MAGIC and 0 < size <= limit - start:
+            return memoryview(mm)[start:limit].toreadonly()
+        raise ChunkError(f"{segment.path}: no record at offset {offset}")
     while position < limit:
         size, magic = unpack(mm, position)
         if magic == codec.BLANK_MAGIC:

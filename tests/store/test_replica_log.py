@@ -89,6 +89,25 @@ def test_replica_append_refuses_the_wrong_offset_and_broken_framing(open_store):
     assert replica.max_physical_offset == master.max_physical_offset
 
 
+def test_a_read_from_inside_a_record_is_refused_whether_or_not_it_reaches_the_end(open_store):
+    """A read that takes all up to the log's end looks at its first record only; one cut
+    short by max_bytes walks every record: both refuse an offset inside a record, and
+    both give whole records ending where the log or the segment does."""
+    store = open_store()
+    results = fill(store, 120)                 # ~1.9 segments: the first closed by a blank
+    for record in (results[1], results[-2]):  # in the closed segment, in the last one
+        for max_bytes in (1 << 20, 1):        # up to the end at once, or one record
+            with pytest.raises(ChunkError, match="no record"):
+                store.replica_log.read(record.physical_offset + 7, max_bytes)
+    tail = results[-3].physical_offset
+    end = store.max_physical_offset
+    assert bytes(store.replica_log.read(tail, 1 << 20)) == log_bytes(store.config.store_path)[tail:end]
+    closing = [r for r in results if r.physical_offset < SEGMENT][-1]
+    chunk = store.replica_log.read(closing.physical_offset, 1 << 20)   # the segment's last record
+    assert closing.physical_offset + len(chunk) == SEGMENT               # and its blank record
+    assert check_chunk(chunk, closing.physical_offset, SEGMENT) == [0]
+
+
 def test_check_chunk_rules():
     with pytest.raises(ChunkError, match="crosses a segment"):
         check_chunk(b"\0" * 16, SEGMENT - 8, SEGMENT)
