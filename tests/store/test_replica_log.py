@@ -127,6 +127,28 @@ def test_check_chunk_returns_where_each_message_starts():
     assert check_chunk(blank, SEGMENT - 16, SEGMENT) == []
 
 
+@pytest.mark.parametrize("count", [15, 16, 40])   # below and from the count checked at once
+def test_a_chunk_of_alike_records_is_checked_as_a_walk_would(count):
+    """Records of one size are checked together (numpy), others one by one: the same
+    positions and the same refusals either way."""
+    magic = (0xDAA320A7).to_bytes(4, "big")
+    record = lambda size, magic=magic: size.to_bytes(4, "big") + magic + b"\x07" * (size - 8)
+    size = 180
+    assert check_chunk(record(size) * count, SEGMENT, SEGMENT) == list(range(0, count * size, size))
+    # a record of twice the size among them: no longer alike, walked, and still whole records
+    mixed = record(size) * (count - 3) + record(2 * size) + record(size)
+    assert check_chunk(mixed, 0, SEGMENT) == [*range(0, (count - 3) * size, size), (count - 3) * size,
+                                              (count - 1) * size]
+    # a broken magic, or a size that does not fit, in the middle: refused
+    bad_magic = record(size) * (count - 2) + record(size, b"\0\0\0\0") + record(size)
+    with pytest.raises(ChunkError, match=f"no whole record at {(count - 2) * size}"):
+        check_chunk(bad_magic, 0, SEGMENT)
+    too_long = record(size) * (count - 1) + record(size)[:4].replace(size.to_bytes(4, "big"), (size + 1).to_bytes(4, "big")) \
+        + record(size)[4:]
+    with pytest.raises(ChunkError, match=f"no whole record at {(count - 1) * size}"):
+        check_chunk(too_long, 0, SEGMENT)
+
+
 def test_a_replica_dispatches_its_appended_records_from_their_checked_positions(open_store):
     """What a replica appends is recorded (CommitLog.written_runs) as its chunk check found
     it, across segment ends, so its dispatcher takes those positions instead of walking."""
