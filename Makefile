@@ -1,8 +1,16 @@
 # The whole set-up on a fresh Debian machine: `make test` or `make demo`.
-PYTHON ?= python3
+# The interpreter the venv is built on: the distribution's CPython (/usr/bin/python3) when it
+# is 3.11 or newer, else the first python3 on PATH. Debian builds its CPython with
+# profile-guided optimisation and link-time optimisation and links the interpreter statically;
+# a CPython built from source without --enable-optimizations (pyenv's default) ran hastore's
+# nodes about a fifth slower here (docs/sync-performance.md, stop 25). `make PYTHON=...`
+# picks another.
+PYTHON ?= $(if $(shell /usr/bin/python3 -c 'import sys; print(sys.version_info >= (3, 11) or "")' 2>/dev/null),/usr/bin/python3,python3)
+# the interpreter's real path: a venv built on another one is rebuilt
+PYTHON_REAL := $(shell $(PYTHON) -c 'import os, sys; print(os.path.realpath(sys.executable))' 2>/dev/null)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed$(subst /,-,$(PYTHON_REAL))
 # System packages the tests and the demo run for real: ZooKeeper (with its Java runtime).
 ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
 
@@ -10,6 +18,8 @@ ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip" 2>/dev/null || (apt-get update && apt-get install -y python3-venv)
+	@test ! -x $(BIN)/python || $(BIN)/python -c "import os, sys; sys.exit(os.path.realpath(sys._base_executable) != '$(PYTHON_REAL)')" || \
+		(echo "$(VENV) was built on another interpreter: rebuilding it on $(PYTHON_REAL)"; rm -rf $(VENV))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
+import sys
 import tempfile
 import time
 
@@ -476,6 +478,9 @@ def table(title: str, hastore: dict, redis: dict | None, floor: dict | None = No
 def report_lines(report: dict) -> list[str]:
     """The human-readable report: a table per round, the medians, ratios against targets."""
     lines = []
+    python = report.get("python")
+    if python:
+        lines.append(f"python {python['version']} ({python['executable']}, {python['compiler']})")
     if report["peer_missing"]:
         lines.append(f"note: {report['peer_missing']}; hastore measured alone")
     for figures in report["rounds"]:
@@ -543,10 +548,17 @@ def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seco
     if costs is not None:
         stored_ok = stored_ok and all(figures["stored_ok"] for figures in costs["rounds"])
     return {"peer": peer, "peer_missing": peer_missing, "redis_version": redis_peer.redis_version(),
-            "hiredis": _hiredis(), "settings": {"rounds": rounds, "seconds": seconds, "samples": samples,
+            "hiredis": _hiredis(), "python": _interpreter(), "settings": {"rounds": rounds, "seconds": seconds, "samples": samples,
                                                 "messages_max": messages_max, "body_bytes": len(BODY)},
             "rounds": measured, **summary, "targets": TARGETS, "targets_met": targets_met(summary["ratios"]),
             "stored_ok": stored_ok, **({"batch_costs": costs} if costs is not None else {})}
+
+
+def _interpreter() -> dict:
+    """The CPython every process of both sides ran on (the nodes, the relay and both clients
+    share the venv's): its build moves hastore's figures by a fifth (Makefile)."""
+    return {"version": platform.python_version(), "executable": os.path.realpath(sys._base_executable),
+            "compiler": platform.python_compiler()}
 
 
 def _hiredis() -> bool | None:

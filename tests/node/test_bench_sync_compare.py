@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -53,6 +54,9 @@ def _check_side(figures: dict, processes: set[str]) -> None:
 def test_comparison_runs_both_sides_and_both_hold_what_they_acked():
     report, _ = _bench(None, "--batch-costs", "8,32")
     assert report["peer_missing"] is None and report["redis_version"]
+    # every process ran on the test's own interpreter, and the report names it
+    assert report["python"]["version"] == platform.python_version()
+    assert report["python"]["executable"] == os.path.realpath(sys._base_executable)
     (only,) = report["rounds"]
     _check_side(only["hastore"], {"master", "slave0", "slave1"})
     _check_side(only["redis"], {"primary", "replica0", "replica1"})
