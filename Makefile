@@ -1,10 +1,10 @@
 # The whole set-up on a fresh Debian machine: `make test` or `make demo`.
 # The interpreter the venv is built on: the distribution's CPython (/usr/bin/python3) when it
-# is 3.11 or newer, else the first python3 on PATH. Debian builds its CPython with
-# profile-guided optimisation and link-time optimisation and links the interpreter statically;
-# a CPython built from source without --enable-optimizations (pyenv's default) ran hastore's
-# nodes about a fifth slower here (docs/sync-performance.md, stop 25). `make PYTHON=...`
-# picks another.
+# is 3.11 or newer, else the first python3 on PATH. Debian's interpreter is linked statically
+# and built with its packaging's optimisations: on this machine kind it ran a pure-Python loop
+# 1.8x as fast as pyenv's CPython 3.11 (a shared libpython, no --enable-optimizations), and
+# hastore's nodes spent 15-25% less CPU a message (docs/sync-performance.md, stop 25).
+# `make PYTHON=...` picks another.
 PYTHON ?= $(if $(shell /usr/bin/python3 -c 'import sys; print(sys.version_info >= (3, 11) or "")' 2>/dev/null),/usr/bin/python3,python3)
 # the interpreter's real path: a venv built on another one is rebuilt
 PYTHON_REAL := $(shell $(PYTHON) -c 'import os, sys; print(os.path.realpath(sys.executable))' 2>/dev/null)
