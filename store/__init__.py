@@ -19,7 +19,8 @@ _EXPORTS = {
     "StoreConfig": "config",
     "DiskFullError": "errors", "MessageNotFound": "errors", "StoreClosedError": "errors",
     "StoreConfigError": "errors", "StoreCorruptError": "errors", "StoreError": "errors",
-    "Message": "message", "PutResult": "message", "PutStatus": "message", "PlainBatch": "put_batch",
+    "Message": "message", "PutColumns": "message", "PutResult": "message", "PutStatus": "message",
+    "PlainBatch": "put_batch",
     "GetResult": "reads", "GetStatus": "reads", "MessageStore": "message_store",
     "StoreStatistics": "message_store",
 }

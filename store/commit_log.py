@@ -27,7 +27,7 @@ from . import codec
 from .codec import CorruptMessage, StoredMessage
 from .errors import DiskFullError, MessageNotFound, StoreCorruptError, StoreError, invariant
 from .mapped_file_queue import MappedFileQueue
-from .message import PutResult, PutStatus
+from .message import PutColumns, PutResult, PutStatus
 from .put_batch import BatchColumns, encode_run, queue_offsets_for
 
 log = logging.getLogger(__name__)
@@ -258,34 +258,47 @@ class CommitLog:
         segment.mm[blank_at:blank_at + codec.BLANK_HEADER.size] = codec.encode_blank(segment.size - blank_at)
         self.max_offset = segment.end_offset
 
-    def append_columns(self, columns: BatchColumns) -> list[PutResult]:
+    def append_columns(self, columns: BatchColumns) -> PutColumns | list[PutResult]:
         """Write a regular batch (``put_batch``): the same records ``append`` writes for the
         same messages, placed a segment's worth of messages at a time without a Python loop
-        per message."""
+        per message. Their results as PutColumns when every message was written; a list of
+        PutResults when a full disk refused the rest."""
         with self._write_lock:
             store_timestamp = self._store_timestamp()
-            results: list[PutResult] = []
+            positions: list[int] = []
+            queue_offsets: list[int] = []
             total = len(columns.sizes)
             start = 0
+            refusal = None
             while start < total:
                 try:
                     segment = self._writable_segment()
                 except DiskFullError as error:
-                    results.extend(repeat(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=str(error)), total - start))
+                    refusal = str(error)
                     break
                 room = segment.end_offset - codec.END_OF_SEGMENT_MIN_BLANK - self.max_offset
                 end = start + bisect_right(list(accumulate(columns.sizes[start:])), room)
                 if end > start:
                     run = columns if start == 0 and end == total else columns.run(start, end)
-                    results.extend(self._write_run(segment, run, store_timestamp))
+                    run_positions, run_queue_offsets = self._write_run(segment, run, store_timestamp)
+                    if positions:
+                        positions += run_positions
+                        queue_offsets += run_queue_offsets
+                    else:
+                        positions, queue_offsets = run_positions, run_queue_offsets
                 if end < total:
                     self._close_segment(segment)
                 start = end
             self._populate_ahead()
-            return results
+        written = PutColumns(positions, queue_offsets, columns.sizes if start == total else columns.sizes[:start],
+                             store_timestamp, self._message_id_prefix)
+        if refusal is None:
+            return written
+        refused = PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=refusal)
+        return (written.results() if positions else []) + [refused] * (total - len(positions))
 
-    def _write_run(self, segment, run: BatchColumns, store_timestamp: int):
-        """Place ``run`` (it fits) at the end of ``segment``; its results."""
+    def _write_run(self, segment, run: BatchColumns, store_timestamp: int) -> tuple[list[int], list[int]]:
+        """Place ``run`` (it fits) at the end of ``segment``; its physical and queue offsets."""
         queue_offsets, next_offsets = queue_offsets_for(run.topics, run.queue_ids, self.queue_offsets)
         data, positions = encode_run(run, self.max_offset, queue_offsets, store_timestamp, self.store_host_bytes)
         at = self.max_offset - segment.start_offset
@@ -295,10 +308,7 @@ class CommitLog:
         self.put_bytes += len(data)
         self.max_offset += len(data)
         self.written_runs.add(positions, self.max_offset)
-        message_ids = map(f"{self._message_id_prefix}%016X".__mod__, positions)
-        return map(tuple.__new__, repeat(PutResult), zip(
-            repeat(PutStatus.PUT_OK), positions, queue_offsets, message_ids, repeat(store_timestamp), run.sizes,
-            repeat("")))
+        return positions, queue_offsets
 
     def append_bytes(self, offset: int, data, positions: list[int] | None = None) -> None:
         """Append raw records (bytes-like) at exactly ``offset`` (replication). They must be

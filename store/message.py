@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import NamedTuple
 
 from .codec import StoredMessage  # re-exported: the decoded form
 
-__all__ = ["Message", "PutStatus", "PutResult", "StoredMessage"]
+__all__ = ["Message", "PutStatus", "PutResult", "PutColumns", "StoredMessage"]
 
 
 @dataclass(slots=True)
@@ -65,3 +66,29 @@ class PutResult(NamedTuple):
     def end_offset(self) -> int:
         """CommitLog offset just past this message: what flush and replication wait for."""
         return self.physical_offset + self.wrote_bytes
+
+
+class PutColumns(NamedTuple):
+    """A batch written column-wise with every message PUT_OK, its results as columns: what
+    ``MessageStore.append(..., as_columns=True)`` returns for such a batch, so a caller that
+    answers with columns (the node's SEND) builds no PutResult per message. ``results()``
+    gives the PutResults ``append`` returns otherwise."""
+
+    physical_offsets: list[int]
+    queue_offsets: list[int]
+    sizes: list[int]
+    store_timestamp: int
+    message_id_prefix: str
+
+    @property
+    def end_offset(self) -> int:
+        """CommitLog offset just past the batch (its records are in order)."""
+        return self.physical_offsets[-1] + self.sizes[-1]
+
+    def message_ids(self) -> list[str]:
+        return list(map(f"{self.message_id_prefix}%016X".__mod__, self.physical_offsets))
+
+    def results(self) -> list[PutResult]:
+        return list(map(tuple.__new__, repeat(PutResult), zip(
+            repeat(PutStatus.PUT_OK), self.physical_offsets, self.queue_offsets, self.message_ids(),
+            repeat(self.store_timestamp), self.sizes, repeat(""))))

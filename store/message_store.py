@@ -34,7 +34,7 @@ from .errors import DiskFullError, StoreClosedError, StoreConfigError, StoreErro
 from .flush import FlushService
 from .index_file import IndexService
 from .integrity import Integrity, IntegrityStatistics
-from .message import Message, PutResult, PutStatus
+from .message import Message, PutColumns, PutResult, PutStatus
 from .prepare import Preparer
 from .put_batch import Batch, PlainBatch
 from .reads import GetResult, GetStatus, StoreReads
@@ -237,14 +237,16 @@ class MessageStore:
         return self._running
 
     # --- writing -------------------------------------------------------------------------
-    def append(self, batch: Batch) -> list[PutResult]:
+    def append(self, batch: Batch, *, as_columns: bool = False) -> list[PutResult] | PutColumns:
         """Write a batch without waiting for the disk; refused messages get their status in
         their place. The store's one put function.
 
         ``batch`` is a list of Messages or a ``PlainBatch`` (a producer's batch as columns:
         no Message per message when it is regular). A regular batch of several messages is
         encoded column-wise (``put_batch``); any other is prepared and placed one message at a
-        time (``Preparer.prepare``, ``CommitLog.append``). Both write the same bytes."""
+        time (``Preparer.prepare``, ``CommitLog.append``). Both write the same bytes.
+        ``as_columns``: a batch written column-wise whole comes back as PutColumns (the same
+        results, no PutResult per message)."""
         self._check_running()
         count = len(batch.bodies) if type(batch) is PlainBatch else len(batch)
         refusal = self.room.refusal(count)
@@ -256,6 +258,8 @@ class MessageStore:
         columns = self.preparer.regular_columns(batch)
         if columns is not None:
             results = self.commit_log.append_columns(columns)
+            if not as_columns and type(results) is PutColumns:
+                results = results.results()
         else:
             results = self._append_each(batch.messages() if type(batch) is PlainBatch else batch)
         self._wake_dispatcher()

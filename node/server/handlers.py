@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 import trio
 
 from replication.errors import ReplicaWaitError
-from store import GetStatus, Message, MessageStore, PlainBatch, PutResult, PutStatus
+from store import GetStatus, Message, MessageStore, PlainBatch, PutColumns, PutResult, PutStatus
 from store.errors import MessageNotFound, StoreClosedError, StoreCorruptError, StoreError
 
 from ..wire import protocol
@@ -192,7 +192,7 @@ class RequestHandlers:
             queue_ids = self._next_queue_ids(topic, len(bodies), queue_count)
 
             def append():
-                return self.store.append(PlainBatch(topic, queue_ids, bodies, properties))
+                return self.store.append(PlainBatch(topic, queue_ids, bodies, properties), as_columns=columns)
         else:
             raw_messages = f.list("messages", protocol.BATCH_COUNT_MAX)
             if not raw_messages:
@@ -228,14 +228,11 @@ class RequestHandlers:
         """The reply once the disk (sync flush) and the replicas (sync replication) hold the
         batch, at once and together; the first failure that applies becomes every written
         message's status. A node that lost its role or was fenced meanwhile acks nothing."""
-        transposed = tuple(zip(*results))  # a tuple per PutResult field, in C: no frame per result
-        status_column, physical_offsets, _, _, _, wrote_bytes, _ = transposed
-        if status_column.count(_PUT_OK) == len(results):
-            # records do not overlap: the one that starts last ends last
-            last = physical_offsets.index(max(physical_offsets))
-            end = physical_offsets[last] + wrote_bytes[last]
+        if type(results) is PutColumns:   # every message written
+            end = results.end_offset
+            transposed = None
         else:
-            end = max((r.end_offset for r in results if r.status is _PUT_OK), default=0)
+            end, transposed = self._end_of(results)
 
         def reply(failure: tuple[PutStatus, str] | None) -> dict:
             return self._send_reply(queue_ids, results, started, failure, columns, transposed)
@@ -244,6 +241,20 @@ class RequestHandlers:
             if service is not None and service.answers_waiting_puts:
                 return when_replicated(end, service, replicas, epoch, reply)
         return self._when_durable(end, replicas, epoch, reply)
+
+    @staticmethod
+    def _end_of(results: list[PutResult]) -> tuple[int, tuple]:
+        """The log offset past the last written message of ``results`` (0: none), and the
+        results transposed (a tuple per PutResult field, in C: no frame per result)."""
+        transposed = tuple(zip(*results))
+        status_column, physical_offsets, _, _, _, wrote_bytes, _ = transposed
+        if status_column.count(_PUT_OK) == len(results):
+            # records do not overlap: the one that starts last ends last
+            last = physical_offsets.index(max(physical_offsets))
+            end = physical_offsets[last] + wrote_bytes[last]
+        else:
+            end = max((r.end_offset for r in results if r.status is _PUT_OK), default=0)
+        return end, transposed
 
     def _when_durable(self, end: int, replicas, epoch: int,
                       reply: Callable[[tuple[PutStatus, str] | None], dict]) -> Deferred:
@@ -282,7 +293,12 @@ class RequestHandlers:
         ``result_columns``, as one list per field (status, queue_id, queue_offset,
         physical_offset, message_id, reason; reason "" for a message without one): a few
         lists instead of a map per message, on both ends. ``failure`` replaces PUT_OK for
-        every written message. ``transposed``: ``tuple(zip(*results))`` when the caller has it."""
+        every written message. ``transposed``: ``tuple(zip(*results))`` when the caller has it.
+        ``results`` may be PutColumns (every message written)."""
+        if type(results) is PutColumns:
+            if columns:
+                return self._column_reply(queue_ids, results, started, failure)
+            results = results.results()
         # the results transposed in one C-level pass: a tuple per PutResult field
         (status_column, physical_offsets, queue_offsets, message_ids, _, wrote_bytes,
          _) = transposed or zip(*results)
@@ -296,6 +312,20 @@ class RequestHandlers:
              "physical_offset": result.physical_offset, "message_id": result.message_id,
              **({"reason": reason} if reason else {})}
             for status, queue_id, result, reason in zip(statuses, queue_ids, results, reasons)]}
+
+    def _column_reply(self, queue_ids: list[int], written: PutColumns, started: float,
+                      failure: tuple[PutStatus, str] | None) -> dict:
+        """``_send_reply`` of a batch written whole, from its columns."""
+        count = len(written.sizes)
+        if failure is None:
+            self._count_puts(count, sum(written.sizes), 0, started)
+            statuses, reasons = ["PUT_OK"] * count, [""] * count
+        else:
+            self._count_puts(0, 0, count, started)
+            statuses, reasons = [failure[0].value] * count, [failure[1]] * count
+        return {"result_columns": {
+            "status": statuses, "queue_id": queue_ids, "queue_offset": written.queue_offsets,
+            "physical_offset": written.physical_offsets, "message_id": written.message_ids(), "reason": reasons}}
 
     def _statuses(self, results, status_column: tuple, wrote_bytes: tuple, started: float,
                   failure: tuple[PutStatus, str] | None) -> tuple[list, list]:

@@ -169,6 +169,52 @@ async def test_a_put_no_replica_acks_times_out_at_slave_timeout_ms(sync_master, 
             nursery.cancel_scope.cancel()
 
 
+def _send_columns(opaque: int, count: int) -> bytes:
+    """A producer's batch: bodies and UNIQ_KEYs as columns, results asked as columns."""
+    return protocol.encode_frame({"code": int(RequestCode.SEND), "opaque": opaque, "topic": "t",
+                                  "message_columns": {"body": [b"c%d" % i * 50 for i in range(count)],
+                                                      "properties": [{"UNIQ_KEY": f"{opaque:08X}{i:024X}"}
+                                                                     for i in range(count)]},
+                                  "result_columns": True})
+
+
+async def test_a_batch_written_as_columns_is_answered_in_columns_at_the_ack_or_the_timeout(sync_master,
+                                                                                           autojump_clock):
+    master = sync_master()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await master.start(nursery)
+            client = master.connect(nursery)
+            decoder = FrameDecoder()
+            await client.send_all(_send(1))   # the topic's first message: the store knows it from now on
+            await trio.sleep(0.1)
+            await master.ack(master.store.max_physical_offset)
+            await _replies(client, 1, decoder)
+            start = master.store.max_physical_offset
+            await client.send_all(_send_columns(2, 8))
+            await trio.sleep(0.1)
+            await master.ack(master.store.max_physical_offset)
+            ((_, acked),) = await _replies(client, 1, decoder)
+            columns = acked["result_columns"]
+            assert columns["status"] == ["PUT_OK"] * 8 and columns["reason"] == [""] * 8
+            offsets = columns["physical_offset"]
+            assert offsets[0] == start and offsets == sorted(offsets)
+            assert [message_id[-16:] for message_id in columns["message_id"]] == [f"{o:016X}" for o in offsets]
+            master.store.wait_dispatched()
+            stored = [master.store.get_by_message_id(message_id) for message_id in columns["message_id"]]
+            assert [(m.body, m.physical_offset, m.queue_id, m.queue_offset) for m in stored] == [
+                (b"c%d" % i * 50, offsets[i], columns["queue_id"][i], columns["queue_offset"][i]) for i in range(8)]
+            sent_at = trio.current_time()
+            await client.send_all(_send_columns(3, 8))   # never acked
+            ((at, timed_out),) = await _replies(client, 1, decoder)
+            assert at - sent_at == pytest.approx(SLAVE_TIMEOUT_MS / 1000, abs=1e-6)
+            columns = timed_out["result_columns"]
+            assert columns["status"] == ["FLUSH_SLAVE_TIMEOUT"] * 8
+            assert columns["reason"] == [REPLICA_FAILURE_REASONS["FLUSH_SLAVE_TIMEOUT"]] * 8
+            assert columns["physical_offset"][0] > offsets[-1]   # written, then not acknowledged
+            nursery.cancel_scope.cancel()
+
+
 async def test_waiting_puts_fail_when_the_sync_state_set_shrinks(sync_master, autojump_clock):
     master = sync_master(ha_max_time_slave_not_catchup_ms=300)
     with trio.fail_after(30):

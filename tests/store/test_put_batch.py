@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Message, PlainBatch, PutStatus, put_batch
+from store import Message, PlainBatch, PutColumns, PutStatus, put_batch
 from store.errors import DiskFullError
 from store.mapped_file import MappedFile
 from reference_put import expected_log
@@ -310,6 +310,42 @@ def test_a_plain_batch_writes_what_its_messages_write(open_store, warm, count):
     read = pull_all(plain_store, "orders", (count - 1) % 4)
     assert read[-1].body == messages[-1].body
     assert messages[-1].properties.items() <= read[-1].properties.items()
+
+
+@pytest.mark.parametrize("body_bytes", [20, 3000], ids=["one segment", "across segments"])
+def test_a_batch_written_whole_comes_back_as_columns_when_asked(open_store, body_bytes):
+    messages = [Message("orders", bytes([i]) * body_bytes, queue_id=i % 4, properties={"UNIQ_KEY": f"{i:032X}"})
+                for i in range(40)]
+    columns_store, list_store = open_store(), open_store()
+    for store in (columns_store, list_store):
+        _warm(store, messages)
+    written = columns_store.append(_plain_batch(messages), as_columns=True)
+    results = list_store.append(_plain_batch(messages))
+    assert type(written) is PutColumns and type(results) is list
+    assert written.results() == results
+    assert written.message_ids() == [r.message_id for r in results]
+    assert written.end_offset == results[-1].end_offset == columns_store.commit_log.max_offset
+    assert _log_bytes(columns_store) == _log_bytes(list_store)
+    assert (len(columns_store.commit_log.segments.files) > 1) == (body_bytes > 1000)
+
+
+def test_a_batch_not_written_whole_comes_back_as_results_even_when_columns_are_asked(open_store, monkeypatch):
+    store = open_store()
+    small = _plain(put_batch.COLUMNS_MESSAGES_MIN - 1)
+    _warm(store, small)
+    assert type(store.append(_plain_batch(small), as_columns=True)) is list   # the per-message path
+    messages = [Message("orders", bytes([i]) * 3000) for i in range(40)]
+
+    def no_room(start):
+        raise DiskFullError("no room on disk (test)")
+
+    monkeypatch.setattr(store.commit_log.segments, "roll", no_room)
+    results = store.append(_plain_batch(messages), as_columns=True)
+    assert type(results) is list and len(results) == 40
+    statuses = [r.status for r in results]
+    written = statuses.count(PutStatus.PUT_OK)
+    assert 0 < written < 40
+    assert statuses == [PutStatus.PUT_OK] * written + [PutStatus.SERVICE_NOT_AVAILABLE] * (40 - written)
 
 
 @pytest.mark.parametrize("fault", ["a body not bytes", "a property value not a string", "a map not a dict",
