@@ -64,17 +64,28 @@ COLUMNS_MESSAGES_MIN = 4
 class PlainBatch(NamedTuple):
     """Messages of one topic that set only a queue id, a body and properties (every other
     field its default), one list per field: ``Message(topic, bodies[i], queue_ids[i],
-    properties=properties[i])`` for each i."""
+    properties=property_maps()[i])`` for each i. ``uniq_keys``, when given, holds each
+    message's UNIQ_KEY property, added after its other properties (over one of that name):
+    a producer's batch of messages with no properties of their own needs no map per message."""
 
     topic: str
     queue_ids: list[int]
     bodies: list[bytes]
     properties: list[dict]
+    uniq_keys: list[str] | None = None
+
+    def property_maps(self) -> list:
+        """Each message's properties, its UNIQ_KEY included (an item that is not a map is
+        left as it is, for the per-message path to refuse)."""
+        if self.uniq_keys is None:
+            return self.properties
+        return [{**properties, codec.PROPERTY_UNIQ_KEY: key} if type(properties) is dict else properties
+                for properties, key in zip(self.properties, self.uniq_keys)]
 
     def messages(self) -> list[Message]:
         """The same batch as Messages, for the per-message path."""
         return [Message(self.topic, body, queue_id, properties=message_properties)
-                for queue_id, body, message_properties in zip(self.queue_ids, self.bodies, self.properties)]
+                for queue_id, body, message_properties in zip(self.queue_ids, self.bodies, self.property_maps())]
 
 
 # what the store's put function takes: Messages, or a plain batch as columns
@@ -86,12 +97,18 @@ def regular_columns(batch: Batch, tail_prefixes: dict[str, bytes], born_hosts: d
     """The columns of ``batch`` if it is regular and has at least COLUMNS_MESSAGES_MIN
     messages; None if it must go message by message (see the module docstring)."""
     if type(batch) is PlainBatch:
-        if not len(batch.queue_ids) == len(batch.bodies) == len(batch.properties):
-            raise ValueError(f"a plain batch needs one queue id, body and properties map per message, not "
-                             f"{len(batch.queue_ids)}, {len(batch.bodies)} and {len(batch.properties)}")
+        uniq_keys = batch.uniq_keys
+        if not len(batch.queue_ids) == len(batch.bodies) == len(batch.properties) or \
+                (uniq_keys is not None and len(uniq_keys) != len(batch.bodies)):
+            raise ValueError(f"a plain batch needs one queue id, body, properties map (and UNIQ_KEY, if given) per "
+                             f"message, not {len(batch.queue_ids)}, {len(batch.bodies)}, {len(batch.properties)}"
+                             + ("" if uniq_keys is None else f" and {len(uniq_keys)}"))
         if len(batch.bodies) < COLUMNS_MESSAGES_MIN:
             return None
-        return plain_batch_columns(batch.topic, batch.queue_ids, batch.bodies, batch.properties, tail_prefixes,
+        if uniq_keys is not None and not any(batch.properties):   # nothing but the UNIQ_KEYs: no map at all
+            return plain_batch_columns(batch.topic, batch.queue_ids, batch.bodies, batch.properties, tail_prefixes,
+                                       born_hosts, largest_record, uniq_keys)
+        return plain_batch_columns(batch.topic, batch.queue_ids, batch.bodies, batch.property_maps(), tail_prefixes,
                                    born_hosts, largest_record)
     if len(batch) < COLUMNS_MESSAGES_MIN:
         return None
@@ -132,14 +149,15 @@ def batch_columns(messages: list, tail_prefixes: dict[str, bytes], born_hosts: d
 
 def plain_batch_columns(topic: str, queue_ids: list[int], bodies: list[bytes], properties: list[dict],
                         tail_prefixes: dict[str, bytes], born_hosts: dict[str, bytes],
-                        largest_record: int) -> BatchColumns | None:
+                        largest_record: int, uniq_keys: list[str] | None = None) -> BatchColumns | None:
     """``batch_columns`` of the Messages ``Message(topic, body, queue_id, properties=...)``
     (every other field its default), given as columns: a producer's batch as the node
-    receives it, without a Message per message."""
+    receives it, without a Message per message. With ``uniq_keys`` every properties map
+    must be empty: each message's properties are then its UNIQ_KEY alone."""
     count = len(bodies)
     return _columns((topic,) * count, queue_ids, bodies, _NO_KEYS * count, _NO_TAGS * count, properties,
                     _ZEROS * count, _ZEROS * count, _ZEROS * count, _DEFAULT_HOSTS * count, _ZEROS * count,
-                    _ZEROS * count, tail_prefixes, born_hosts, largest_record)
+                    _ZEROS * count, tail_prefixes, born_hosts, largest_record, uniq_keys)
 
 
 _NO_KEYS = ((),)
@@ -150,7 +168,7 @@ _DEFAULT_HOSTS = (Message.__dataclass_fields__["born_host"].default,)
 
 def _columns(topics: tuple, queue_ids, bodies, keys, tags, properties, flags, sys_flags, born_timestamps, hosts,
              reconsume_times, prepared_offsets, tail_prefixes: dict[str, bytes], born_hosts: dict[str, bytes],
-             largest_record: int) -> BatchColumns | None:
+             largest_record: int, uniq_keys: list[str] | None = None) -> BatchColumns | None:
     try:
         topic_set = set(topics)
         host_set = set(hosts)
@@ -161,7 +179,7 @@ def _columns(topics: tuple, queue_ids, bodies, keys, tags, properties, flags, sy
             and set(map(type, queue_ids)) == {int} and min(queue_ids) >= 0 and max(queue_ids) <= _MAX_QUEUE_ID
             and set(map(type, properties)) == {dict} and not any(sys_flags)):   # flags: prepare checks them
         return None
-    texts = _property_texts(keys, tags, properties)
+    texts = _property_texts(keys, tags, properties) if uniq_keys is None else _uniq_key_texts(uniq_keys)
     if texts is None:
         return None
     encoded = list(map(str.encode, texts))
@@ -227,6 +245,19 @@ def _property_texts(keys: tuple, tags: tuple, properties: tuple[dict, ...]) -> l
     return texts
 
 
+def _uniq_key_texts(uniq_keys: list[str]) -> list[str] | None:
+    """Each message's properties text when they are its UNIQ_KEY alone (``_property_texts``
+    of ``{"UNIQ_KEY": key}`` maps, without the maps); None if a key is not exactly a str or
+    holds a separator."""
+    if not _only_str(uniq_keys):
+        return None
+    whole = "".join(uniq_keys)
+    if codec.NAME_VALUE_SEPARATOR in whole or codec.PROPERTY_SEPARATOR in whole:
+        return None
+    return list(map(add, repeat(_UNIQ_KEY_NAME), map(add, uniq_keys, repeat(codec.PROPERTY_SEPARATOR))))
+
+
+_UNIQ_KEY_NAME = codec.PROPERTY_UNIQ_KEY + codec.NAME_VALUE_SEPARATOR
 _KEY_LIST_TYPES = frozenset((list, tuple))
 
 

@@ -141,11 +141,16 @@ class OutgoingMessage:
 
 def send_fields(messages: list[OutgoingMessage]) -> dict:
     """A SEND's messages: ``message_columns`` (a list per field) when every one is plain, a
-    body and properties; ``messages`` (a map each) when any carries keys, tags or a queue."""
+    body and properties, with the UNIQ_KEYs as a column of their own when no message has
+    other properties (no map per message); ``messages`` (a map each) when any carries keys,
+    tags or a queue."""
     if any(message.keys or message.tags or message.queue_id is not None for message in messages):
         return {"messages": [message.to_wire() for message in messages]}
-    return {"message_columns": {"body": [message.body for message in messages],
-                                "properties": [message.wire_properties() for message in messages]}}
+    bodies = [message.body for message in messages]
+    if any(message.properties for message in messages):
+        return {"message_columns": {"body": bodies,
+                                    "properties": [message.wire_properties() for message in messages]}}
+    return {"message_columns": {"body": bodies, "uniq_key": [message.uniq_key for message in messages]}}
 
 
 def error_from_reply(reply: dict) -> RequestError:

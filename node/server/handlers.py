@@ -176,8 +176,8 @@ class RequestHandlers:
     # --- send ----------------------------------------------------------------------------
     def send(self, f: Fields) -> dict | Deferred:
         """Messages either as ``messages`` (a map each) or as ``message_columns`` (a list per
-        field: ``body``, and optionally ``properties``; what a producer's batch of plain
-        messages carries, without a map per message on either end)."""
+        field: ``body``, and optionally ``properties`` and ``uniq_key``; what a producer's
+        batch of plain messages carries, without a map per message on either end)."""
         started = time.perf_counter()
         self.role.check_writable()
         topic = f.topic()
@@ -185,14 +185,15 @@ class RequestHandlers:
         if payload.get("message_columns") is not None:
             if payload.get("messages") is not None:
                 raise protocol.bad_request("a send carries messages or message_columns, not both")
-            bodies, properties = message_columns(payload["message_columns"])
+            bodies, properties, uniq_keys = message_columns(payload["message_columns"])
             columns = f.bool("result_columns", False)
             queue_count = self._writable_queue_count(topic)
             check_message_columns(bodies, properties)
             queue_ids = self._next_queue_ids(topic, len(bodies), queue_count)
 
             def append():
-                return self.store.append(PlainBatch(topic, queue_ids, bodies, properties), as_columns=columns)
+                return self.store.append(PlainBatch(topic, queue_ids, bodies, properties, uniq_keys),
+                                         as_columns=columns)
         else:
             raw_messages = f.list("messages", protocol.BATCH_COUNT_MAX)
             if not raw_messages:

@@ -15,24 +15,32 @@ from ..errors import RequestError
 from ..wire import protocol
 from ..wire.protocol import Fields
 
-BODY_AND_PROPERTIES = frozenset(("body", "properties"))
+BODY_AND_PROPERTIES = frozenset(("body", "properties"))   # a message map a producer sends most
+MESSAGE_COLUMNS = frozenset(("body", "properties", "uniq_key"))
 
 
-def message_columns(value: object) -> tuple[list, list]:
-    """The ``body`` and ``properties`` lists of a send's ``message_columns`` (properties
-    ``[{}, ...]`` when absent), their shape checked."""
-    if type(value) is not dict or not value.keys() <= BODY_AND_PROPERTIES:
-        raise protocol.bad_request("field message_columns must be a map of the lists body and properties")
+def message_columns(value: object) -> tuple[list, list, list | None]:
+    """The ``body``, ``properties`` and ``uniq_key`` lists of a send's ``message_columns``
+    (properties ``[{}, ...]`` when absent, uniq_key None), their shape checked."""
+    if type(value) is not dict or not value.keys() <= MESSAGE_COLUMNS:
+        raise protocol.bad_request("field message_columns must be a map of the lists body, properties and uniq_key")
     bodies = value.get("body")
     if type(bodies) is not list or not 1 <= len(bodies) <= protocol.BATCH_COUNT_MAX:
         raise protocol.bad_request(f"field message_columns.body must be a list of 1 to {protocol.BATCH_COUNT_MAX} "
                                    "bodies")
+    uniq_keys = value.get("uniq_key")
+    if uniq_keys is not None:
+        if type(uniq_keys) is not list or len(uniq_keys) != len(bodies):
+            raise protocol.bad_request("field message_columns.uniq_key must be a list as long as body")
+        if not set(map(type, uniq_keys)) <= _STR:
+            index = next(i for i, key in enumerate(uniq_keys) if type(key) is not str)
+            raise protocol.bad_request(f"field message_columns.uniq_key[{index}] must be a string")
     properties = value.get("properties")
     if properties is None:
-        return bodies, [{}] * len(bodies)  # never changed by the store: one map serves them all
+        return bodies, [{}] * len(bodies), uniq_keys  # never changed by the store: one map serves them all
     if type(properties) is not list or len(properties) != len(bodies):
         raise protocol.bad_request("field message_columns.properties must be a list as long as body")
-    return bodies, properties
+    return bodies, properties, uniq_keys
 
 
 def check_message_columns(bodies: list, properties: list) -> None:

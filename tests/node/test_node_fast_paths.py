@@ -161,8 +161,8 @@ async def test_a_request_that_left_without_a_reply_is_an_unknown_outcome_never_r
                     await producer.send_batch("lost", [OutgoingMessage(b"maybe"), OutgoingMessage(b"maybe too")])
             stats = producer.statistics()
         nursery.cancel_scope.cancel()
-    # plain messages travel as columns (send_fields)
-    sent_keys = [properties["UNIQ_KEY"] for properties in received[0]["message_columns"]["properties"]]
+    # plain messages travel as columns, their UNIQ_KEYs a column of their own (send_fields)
+    sent_keys = received[0]["message_columns"]["uniq_key"]
     assert caught.value.uniq_keys == sent_keys and sent_keys[0] in str(caught.value)
     assert len(received) == 1 and stats.retries == 0
     assert stats.unknown_messages == len(sent_keys) and stats.sent_messages == stats.failed_messages == 0

@@ -47,6 +47,30 @@ async def test_columns_store_what_maps_store(memory_node, count):
 
 
 @pytest.mark.trio
+@pytest.mark.parametrize("count", [1, 3, 40])
+async def test_uniq_keys_as_a_column_store_what_uniq_key_properties_store(memory_node, count):
+    async with trio.open_nursery() as nursery:
+        connection = await memory_node.connect(nursery)
+        for topic in ("as-properties", "as-uniq-keys"):
+            await connection.request(RequestCode.TOPIC_CREATE, topic=topic, queue_count=3)
+        messages = _plain(count, "u")
+        replies = {}
+        for topic, columns in (("as-properties", _columns_of(messages)),
+                               ("as-uniq-keys", {"body": [m["body"] for m in messages],
+                                                 "uniq_key": [m["properties"]["UNIQ_KEY"] for m in messages]})):
+            replies[topic] = (await connection.request(RequestCode.SEND, topic=topic, message_columns=columns,
+                                                       result_columns=True))["result_columns"]
+        for field in ("status", "queue_id", "queue_offset", "reason"):
+            assert replies["as-uniq-keys"][field] == replies["as-properties"][field]
+        memory_node.store.wait_dispatched()
+        for queue_id in range(3):
+            stored = {topic: [(m.body, m.user_properties) for m in memory_node.store.get(topic, queue_id, 0, 100)]
+                      for topic in replies}
+            assert stored["as-uniq-keys"] == stored["as-properties"]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
 async def test_a_new_topic_and_odd_properties_take_the_per_message_path_with_the_same_outcome(memory_node):
     async with trio.open_nursery() as nursery:
         connection = await memory_node.connect(nursery)
@@ -72,6 +96,9 @@ async def test_a_new_topic_and_odd_properties_take_the_per_message_path_with_the
     ({"body": []}, "BAD_REQUEST: field message_columns.body must be a list of 1 to"),
     ({"body": [b"a"] * (BATCH_COUNT_MAX + 1)}, "BAD_REQUEST: field message_columns.body must be a list of 1 to"),
     ({"body": [b"a"], "keys": [["k"]]}, "BAD_REQUEST: field message_columns must be a map of the lists"),
+    ({"body": [b"a", b"b"], "uniq_key": ["k"]}, "BAD_REQUEST: field message_columns.uniq_key must be a list as long"),
+    ({"body": [b"a", b"b"], "uniq_key": "kk"}, "BAD_REQUEST: field message_columns.uniq_key must be a list as long"),
+    ({"body": [b"a", b"b"], "uniq_key": ["k", 7]}, "BAD_REQUEST: field message_columns.uniq_key[1] must be a string"),
     ([b"a"], "BAD_REQUEST: field message_columns must be a map of the lists"),
 ])
 async def test_bad_columns_are_refused_whole_naming_the_message(memory_node, columns, error):

@@ -375,9 +375,58 @@ def test_a_plain_batch_is_refused_in_place_as_its_messages_are(open_store, fault
 def test_a_plain_batch_with_columns_of_different_lengths_is_a_programming_error(open_store):
     store = open_store()
     before = store.commit_log.max_offset
-    with pytest.raises(ValueError, match="one queue id, body and properties map per message"):
+    with pytest.raises(ValueError, match="one queue id, body, properties map"):
         store.append(PlainBatch("orders", [0, 1], [b"a", b"b", b"c"], [{}, {}, {}]))
+    with pytest.raises(ValueError, match=r"per message, not 3, 3, 3 and 2"):
+        store.append(PlainBatch("orders", [0, 1, 2], [b"a", b"b", b"c"], [{}, {}, {}], ["k1", "k2"]))
     assert store.commit_log.max_offset == before
+
+
+def _uniq_batch(count: int, properties=None) -> PlainBatch:
+    """A producer's batch of ``count`` messages: bodies and UNIQ_KEYs as columns."""
+    return PlainBatch("orders", [i % 4 for i in range(count)],
+                      [f"body-{i}".encode() * (i % 5 + 1) for i in range(count)],
+                      properties or [{}] * count, [f"{i:032X}" for i in range(count)])
+
+
+@pytest.mark.parametrize("count", [3, 40], ids=["per message", "column-wise"])
+@pytest.mark.parametrize("others", [False, True], ids=["UNIQ_KEY alone", "with other properties"])
+def test_uniq_keys_as_a_column_write_what_uniq_key_properties_write(open_store, count, others):
+    batch = _uniq_batch(count, [{"shop": "7", "UNIQ_KEY": "replaced"} if i % 2 else {} for i in range(count)]
+                        if others else None)
+    maps = [{**properties, "UNIQ_KEY": key} for properties, key in zip(batch.properties, batch.uniq_keys)]
+    as_maps = PlainBatch(batch.topic, batch.queue_ids, batch.bodies, maps)
+    assert batch.property_maps() == as_maps.properties
+    column_store, map_store = open_store(), open_store()
+    for store in (column_store, map_store):
+        _warm(store, as_maps.messages())
+    assert (column_store.preparer.regular_columns(batch) is not None) == (count >= put_batch.COLUMNS_MESSAGES_MIN)
+    column_results = _append_as_the_reference_does(column_store, as_maps.messages(), batch)
+    assert column_results == map_store.append(as_maps)
+    assert [r.status for r in column_results] == [PutStatus.PUT_OK] * count
+    assert _log_bytes(column_store) == _log_bytes(map_store)
+    column_store.wait_dispatched()
+    last = pull_all(column_store, "orders", (count - 1) % 4)[-1]
+    assert last.properties["UNIQ_KEY"] == batch.uniq_keys[-1]
+
+
+@pytest.mark.parametrize("fault", ["a key not a string", "a separator inside a key", "a map not a dict"])
+def test_a_faulty_uniq_key_is_refused_in_place_as_its_property_would_be(open_store, fault):
+    batch = _uniq_batch(12)
+    if fault == "a key not a string":
+        batch.uniq_keys[5] = 5
+    elif fault == "a separator inside a key":
+        batch.uniq_keys[5] = "a\x02b"
+    else:
+        batch.properties[5] = [("shop", "7")]
+    column_store, each_store = open_store(), open_store()
+    for store in (column_store, each_store):
+        _warm(store, batch.messages())
+    assert column_store.preparer.regular_columns(batch) is None
+    results = column_store.append(batch)
+    assert results == each_store._append_each(batch.messages())
+    assert [r.status for r in results] == [PutStatus.PUT_OK] * 5 + [PutStatus.MESSAGE_ILLEGAL] + [PutStatus.PUT_OK] * 6
+    assert _log_bytes(column_store) == _log_bytes(each_store)
 
 
 @pytest.mark.parametrize("shape", ["one UNIQ_KEY each", "one odd name each", "every map empty"])
