@@ -65,8 +65,9 @@ class PlainBatch(NamedTuple):
     """Messages of one topic that set only a queue id, a body and properties (every other
     field its default), one list per field: ``Message(topic, bodies[i], queue_ids[i],
     properties=property_maps()[i])`` for each i. ``uniq_keys``, when given, holds each
-    message's UNIQ_KEY property, added after its other properties (over one of that name):
-    a producer's batch of messages with no properties of their own needs no map per message."""
+    message's UNIQ_KEY property, set in its map as ``{**properties, "UNIQ_KEY": key}`` would
+    (after the others, or in the place of one of that name): a producer's batch of messages
+    with no properties of their own needs no map per message."""
 
     topic: str
     queue_ids: list[int]
