@@ -34,6 +34,7 @@ from .message_forms import (BODY_AND_PROPERTIES, check_message_columns, message_
 from .metrics import NodeMetrics
 from .pull_waiters import PullWaiters
 from .put_waits import REPLICA_FAILURE_REASONS, ROLE_FAILURE, PendingReply, when_replicated
+from .send_replies import end_of, send_reply
 from ..wire.protocol import Fields, RequestCode
 from .role import RoleMachine
 from .sys_config import SysConfig
@@ -233,7 +234,7 @@ class RequestHandlers:
             end = results.end_offset
             transposed = None
         else:
-            end, transposed = self._end_of(results)
+            end, transposed = end_of(results)
 
         def reply(failure: tuple[PutStatus, str] | None) -> dict:
             return self._send_reply(queue_ids, results, started, failure, columns, transposed)
@@ -242,20 +243,6 @@ class RequestHandlers:
             if service is not None and service.answers_waiting_puts:
                 return when_replicated(end, service, replicas, epoch, reply)
         return self._when_durable(end, replicas, epoch, reply)
-
-    @staticmethod
-    def _end_of(results: list[PutResult]) -> tuple[int, tuple]:
-        """The log offset past the last written message of ``results`` (0: none), and the
-        results transposed (a tuple per PutResult field, in C: no frame per result)."""
-        transposed = tuple(zip(*results))
-        status_column, physical_offsets, _, _, _, wrote_bytes, _ = transposed
-        if status_column.count(_PUT_OK) == len(results):
-            # records do not overlap: the one that starts last ends last
-            last = physical_offsets.index(max(physical_offsets))
-            end = physical_offsets[last] + wrote_bytes[last]
-        else:
-            end = max((r.end_offset for r in results if r.status is _PUT_OK), default=0)
-        return end, transposed
 
     def _when_durable(self, end: int, replicas, epoch: int,
                       reply: Callable[[tuple[PutStatus, str] | None], dict]) -> Deferred:
@@ -290,69 +277,8 @@ class RequestHandlers:
 
     def _send_reply(self, queue_ids: list[int], results, started: float, failure: tuple[PutStatus, str] | None,
                     columns: bool = False, transposed: tuple | None = None) -> dict:
-        """Per-message results, as one map each (``results``) or, when the request asked for
-        ``result_columns``, as one list per field (status, queue_id, queue_offset,
-        physical_offset, message_id, reason; reason "" for a message without one): a few
-        lists instead of a map per message, on both ends. ``failure`` replaces PUT_OK for
-        every written message. ``transposed``: ``tuple(zip(*results))`` when the caller has it.
-        ``results`` may be PutColumns (every message written)."""
-        if type(results) is PutColumns:
-            if columns:
-                return self._column_reply(queue_ids, results, started, failure)
-            results = results.results()
-        # the results transposed in one C-level pass: a tuple per PutResult field
-        (status_column, physical_offsets, queue_offsets, message_ids, _, wrote_bytes,
-         _) = transposed or zip(*results)
-        statuses, reasons = self._statuses(results, status_column, wrote_bytes, started, failure)
-        if columns:
-            return {"result_columns": {
-                "status": statuses, "queue_id": queue_ids, "queue_offset": list(queue_offsets),
-                "physical_offset": list(physical_offsets), "message_id": list(message_ids), "reason": reasons}}
-        return {"results": [
-            {"status": status, "queue_id": queue_id, "queue_offset": result.queue_offset,
-             "physical_offset": result.physical_offset, "message_id": result.message_id,
-             **({"reason": reason} if reason else {})}
-            for status, queue_id, result, reason in zip(statuses, queue_ids, results, reasons)]}
-
-    def _column_reply(self, queue_ids: list[int], written: PutColumns, started: float,
-                      failure: tuple[PutStatus, str] | None) -> dict:
-        """``_send_reply`` of a batch written whole, from its columns."""
-        count = len(written.sizes)
-        if failure is None:
-            self._count_puts(count, sum(written.sizes), 0, started)
-            statuses, reasons = ["PUT_OK"] * count, [""] * count
-        else:
-            self._count_puts(0, 0, count, started)
-            statuses, reasons = [failure[0].value] * count, [failure[1]] * count
-        return {"result_columns": {
-            "status": statuses, "queue_id": queue_ids, "queue_offset": written.queue_offsets,
-            "physical_offset": written.physical_offsets, "message_id": written.message_ids(), "reason": reasons}}
-
-    def _statuses(self, results, status_column: tuple, wrote_bytes: tuple, started: float,
-                  failure: tuple[PutStatus, str] | None) -> tuple[list, list]:
-        """Each result's status name and reason ("" for none) after ``failure``, with the
-        puts counted. ``status_column``, ``wrote_bytes``: those fields of every result."""
-        count = len(results)
-        # tuple.count compares by identity first: no Enum.__hash__ (Python code) per result
-        if failure is None and status_column.count(_PUT_OK) == count:
-            self._count_puts(count, sum(wrote_bytes), 0, started)
-            return ["PUT_OK"] * count, [""] * count
-        statuses, reasons = [], []
-        ok_count = ok_bytes = 0
-        for result in results:
-            status, reason = result.status, result.reason
-            if status is _PUT_OK and failure is None:
-                ok_count += 1
-                ok_bytes += result.wrote_bytes
-            elif status is _PUT_OK:
-                status, reason = failure[0], reason or failure[1]
-            statuses.append(status.value)
-            reasons.append(reason)
-        self._count_puts(ok_count, ok_bytes, count - ok_count, started)
-        return statuses, reasons
-
-    def _count_puts(self, ok_count: int, ok_bytes: int, failed: int, started: float) -> None:
-        self._tally.count_put(ok_count, ok_bytes, failed, time.perf_counter() - started)
+        """The SEND reply (send_replies.py), the puts counted."""
+        return send_reply(queue_ids, results, failure, columns, self._tally, started, transposed)
 
     def _writable_queue_count(self, topic: str) -> int:
         config = self.sys_config.topic(topic)
@@ -602,9 +528,6 @@ class RequestHandlers:
                 "store": store, "recovery": repr(recovery) if recovery else None,
                 "topics": len(self.sys_config.topics), "sys_config_replayed": self.sys_config.replayed_records,
                 "long_polls_waiting": self.waiters.waiting, **self.status_extra()}
-
-
-_PUT_OK = PutStatus.PUT_OK  # a module global: enum member lookups through the class cost on the hot path
 
 
 def _topic_change(topic: str, queue_count: int) -> dict:
