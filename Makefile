@@ -5,12 +5,14 @@
 # 1.8x as fast as pyenv's CPython 3.11 (a shared libpython, no --enable-optimizations), and
 # hastore's nodes spent 15-25% less CPU a message (docs/sync-performance.md, stop 25).
 # `make PYTHON=...` picks another.
-PYTHON ?= $(if $(shell /usr/bin/python3 -c 'import sys; print(sys.version_info >= (3, 11) or "")' 2>/dev/null),/usr/bin/python3,python3)
+SYSTEM_PYTHON_FITS := $(shell /usr/bin/python3 -c 'import sys; print(sys.version_info >= (3, 11) or "")' 2>/dev/null)
+PYTHON ?= $(if $(SYSTEM_PYTHON_FITS),/usr/bin/python3,python3)
 # the interpreter's real path: a venv built on another one is rebuilt
 PYTHON_REAL := $(shell $(PYTHON) -c 'import os, sys; print(os.path.realpath(sys.executable))' 2>/dev/null)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed$(subst /,-,$(PYTHON_REAL))
+VENV_BASE = $(BIN)/python -c 'import os, sys; print(os.path.realpath(sys._base_executable))'
 # System packages the tests and the demo run for real: ZooKeeper (with its Java runtime).
 ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
 
@@ -18,7 +20,7 @@ ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import ensurepip" 2>/dev/null || (apt-get update && apt-get install -y python3-venv)
-	@test ! -x $(BIN)/python || $(BIN)/python -c "import os, sys; sys.exit(os.path.realpath(sys._base_executable) != '$(PYTHON_REAL)')" || \
+	@test ! -x $(BIN)/python || [ "$$($(VENV_BASE))" = "$(PYTHON_REAL)" ] || \
 		(echo "$(VENV) was built on another interpreter: rebuilding it on $(PYTHON_REAL)"; rm -rf $(VENV))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

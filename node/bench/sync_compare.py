@@ -548,15 +548,16 @@ def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seco
     if costs is not None:
         stored_ok = stored_ok and all(figures["stored_ok"] for figures in costs["rounds"])
     return {"peer": peer, "peer_missing": peer_missing, "redis_version": redis_peer.redis_version(),
-            "hiredis": _hiredis(), "python": _interpreter(), "settings": {"rounds": rounds, "seconds": seconds, "samples": samples,
-                                                "messages_max": messages_max, "body_bytes": len(BODY)},
+            "hiredis": _hiredis(), "python": _interpreter(),
+            "settings": {"rounds": rounds, "seconds": seconds, "samples": samples, "messages_max": messages_max,
+                         "body_bytes": len(BODY)},
             "rounds": measured, **summary, "targets": TARGETS, "targets_met": targets_met(summary["ratios"]),
             "stored_ok": stored_ok, **({"batch_costs": costs} if costs is not None else {})}
 
 
 def _interpreter() -> dict:
     """The CPython every process of both sides ran on (the nodes, the relay and both clients
-    share the venv's): its build moves hastore's figures by a fifth (Makefile)."""
+    share the venv's): its build moved hastore's CPU a message by 15-25 % (Makefile)."""
     return {"version": platform.python_version(), "executable": os.path.realpath(sys._base_executable),
             "compiler": platform.python_compiler()}
 
