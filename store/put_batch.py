@@ -106,11 +106,11 @@ def regular_columns(batch: Batch, tail_prefixes: dict[str, bytes], born_hosts: d
                              + ("" if uniq_keys is None else f" and {len(uniq_keys)}"))
         if len(batch.bodies) < COLUMNS_MESSAGES_MIN:
             return None
-        if uniq_keys is not None and not any(batch.properties):   # nothing but the UNIQ_KEYs: no map at all
-            return plain_batch_columns(batch.topic, batch.queue_ids, batch.bodies, batch.properties, tail_prefixes,
-                                       born_hosts, largest_record, uniq_keys)
-        return plain_batch_columns(batch.topic, batch.queue_ids, batch.bodies, batch.property_maps(), tail_prefixes,
-                                   born_hosts, largest_record)
+        properties = batch.properties
+        if uniq_keys is not None and any(properties):   # keys beside other properties: merged into maps
+            properties, uniq_keys = batch.property_maps(), None
+        return plain_batch_columns(batch.topic, batch.queue_ids, batch.bodies, properties, tail_prefixes,
+                                   born_hosts, largest_record, uniq_keys)
     if len(batch) < COLUMNS_MESSAGES_MIN:
         return None
     return batch_columns(batch, tail_prefixes, born_hosts, largest_record)
