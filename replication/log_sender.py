@@ -47,8 +47,7 @@ from .transport import send_now, writev_now
 # crossed it on most batches, and each thread hop hands the GIL over twice: 2 MiB took a
 # master with two slaves from 26.3-28.1k to 30.3-32.2k msgs/s (three alternated pairs).
 INLINE_READ_BYTES_MAX = 2 * 1024 * 1024
-COALESCE_SEND_BYTES_MAX = 64 * 1024   # header and bytes in one write below this
-DIRECT_SEND_BYTES_MAX = COALESCE_SEND_BYTES_MAX   # a put writes a parked sender's frame up to this
+DIRECT_SEND_BYTES_MAX = 64 * 1024     # a put writes a parked sender's frame up to this
 IDLE_POLL_MS = 10                      # fallback when a writer did not call notify_appended
 
 
@@ -218,15 +217,17 @@ class LogSenders:
 
     @staticmethod
     async def _send_frame(stream, header: bytes, data: memoryview) -> None:
-        """``header`` (a CONFIRM frame may lead it) and ``data``, in one write when small."""
-        if len(data) <= COALESCE_SEND_BYTES_MAX:
-            parts = (header, data)
-            sent = writev_now(stream, parts)
-            if sent < len(header) + len(data):
-                await stream.send_all(_unsent(parts, sent))
-        else:
-            await send_now(stream, header)
-            await stream.send_all(data)
+        """``header`` (a CONFIRM frame may lead it) and ``data`` in one ``writev``, whatever
+        the frame's size; what the socket did not take goes through ``send_all``, the data's
+        rest as a view of it (no copy). A batched put's frame (~70 KB) used to go as two
+        writes, the second through ``send_all``, which passes through trio's loop even when
+        the socket takes everything."""
+        sent = writev_now(stream, (header, data))
+        if sent < len(header):
+            await stream.send_all(memoryview(header)[sent:])
+            sent = len(header)
+        if sent - len(header) < len(data):
+            await stream.send_all(data[sent - len(header):])
 
     def _frame(self, offset: int) -> tuple[bytes, memoryview]:
         """``read_frame`` at ``offset`` within ``frame_limit``, on the trio thread: the last
