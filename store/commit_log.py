@@ -60,6 +60,9 @@ POPULATE_CHECK_BYTES = 2 * 1024 * 1024
 
 # the writer's record of where its records went, for the dispatcher: at most this many runs
 WRITTEN_RUNS_MAX = 4096
+# A flush lets the page cache go of the log behind ``cache_bytes`` once this much more is
+# behind it: a sync flush (one per put) does not pay the system calls each time.
+RELEASE_STEP_BYTES = 4 * 1024 * 1024
 
 
 class WrittenRuns:
@@ -122,8 +125,11 @@ class CommitLog:
     store time in milliseconds (tests pass a fixed one to compare bytes)."""
 
     def __init__(self, directory: str, segment_bytes: int, store_host: str, *, preallocate: bool = True,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 cache_bytes: int = 0, clock: Callable[[], int] = now_ms) -> None:
+        """``cache_bytes``: how much of the log, back from its flushed end, stays in the page
+        cache; older pages are let go after a flush (0: all stay, the kernel decides)."""
         self.clock = clock
+        self.cache_bytes = cache_bytes
         self.segments = MappedFileQueue(directory, segment_bytes, preallocate=preallocate)
         self.segment_bytes = segment_bytes
         self.store_host = store_host
@@ -348,6 +354,8 @@ class CommitLog:
             self.segments.flush_range(self.flushed_offset, target)
             self.flushed_offset = target
             self.flushed_store_timestamp = max(self.flushed_store_timestamp, timestamp)
+            if self.cache_bytes and target - self.cache_bytes - self.segments.released_offset >= RELEASE_STEP_BYTES:
+                self.segments.release_before(target - self.cache_bytes)
         return target
 
     # --- reading -------------------------------------------------------------------------

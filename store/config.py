@@ -20,6 +20,13 @@ class StoreConfig:
     commitlog_segment_bytes: int = GIB
     store_host: str = "127.0.0.1:10911"
     preallocate_next_segment: bool = True
+    # How much of the CommitLog, back from its flushed end, stays in the page cache: after
+    # each flush the pages further back are let go (they are on disk; a read of them, by a
+    # consumer that far behind or the scrub, goes to the disk). New pages then reuse memory
+    # the kernel has just freed instead of memory never touched, which costs several times
+    # more on a VM whose balloon hands free memory back to its host (docs/sync-performance.md,
+    # stop 26). 0: every page stays until the kernel needs the memory.
+    commitlog_cache_bytes: int = 256 * 1024 * 1024
     # Flush: "sync" (group commit, put returns once on disk) or "async" (interval).
     flush: str = "async"
     flush_interval_ms: int = 500
@@ -83,6 +90,8 @@ class StoreConfig:
             problems.append("dispatch_interval_ms must be between 0 and 1000")
         if self.disk_full_policy not in ("delete_oldest", "refuse_writes"):
             problems.append(f"disk_full_policy must be 'delete_oldest' or 'refuse_writes', not {self.disk_full_policy!r}")
+        if self.commitlog_cache_bytes < 0:
+            problems.append("commitlog_cache_bytes must be 0 (keep every page) or more")
         if self.scrub_bytes_per_s <= 0:
             problems.append("scrub_bytes_per_s must be positive")
         if self.scrub_busy_bytes_per_s <= 0:

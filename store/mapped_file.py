@@ -140,6 +140,23 @@ class MappedFile:
             return code != errno.EINVAL
         return True
 
+    def release(self, start: int, end: int) -> None:
+        """Let the page cache go of the whole pages inside [start, end), which must be on
+        disk already (flushed): this process's mapping stops pointing at them
+        (``MADV_DONTNEED``; a later read faults them back in from the disk) and the kernel
+        drops them (``POSIX_FADV_DONTNEED``). A page that is dirty again, or that another
+        process maps, stays. Both calls release the GIL."""
+        start += -start % mmap.PAGESIZE
+        end -= end % mmap.PAGESIZE
+        if self._closed or start >= end:
+            return
+        if _madvise is not None:
+            _madvise(self._address + start, end - start, mmap.MADV_DONTNEED)
+        try:
+            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except OSError:   # closed under us (retention, a cut): nothing of this file to keep
+            pass
+
     def flush(self) -> None:
         """Make everything written so far durable."""
         if not self._closed:

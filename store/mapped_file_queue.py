@@ -162,6 +162,7 @@ class MappedFileQueue:
         self.repairs: list[str] = []   # what ``load`` repaired, for reports and ``store verify``
         # (start offset, bytes it still held) of a truncated last file ``load`` extended with zeros
         self.extended_last: tuple[int, int] | None = None
+        self.released_offset = 0   # ``release_before`` let the page cache go of the files below this
 
     # --- loading ------------------------------------------------------------------------
     def load(self) -> None:
@@ -302,6 +303,7 @@ class MappedFileQueue:
         3. zero the rest of the file holding ``offset`` and sync.
         A crash between steps leaves a log whose scan still ends at ``offset``.
         """
+        self.released_offset = min(self.released_offset, offset)
         holder = self.find(offset)
         if holder is not None:
             position = offset - holder.start_offset
@@ -335,6 +337,7 @@ class MappedFileQueue:
         for mapped in reversed(self.files):
             mapped.destroy()
         self.files = []
+        self.released_offset = start_offset
         mapped = self.create_file(start_offset)
         self.files = [mapped]
         return mapped
@@ -344,6 +347,18 @@ class MappedFileQueue:
         for mapped in self.files:
             if mapped.end_offset > start and mapped.start_offset < end:
                 mapped.flush()
+
+    def release_before(self, offset: int) -> None:
+        """Let the page cache go of everything below ``offset`` (on disk already: flushed),
+        from where the last call stopped (``MappedFile.release``)."""
+        start = self.released_offset
+        if offset <= start:
+            return
+        for mapped in self.files:
+            low, high = max(start, mapped.start_offset), min(offset, mapped.end_offset)
+            if low < high:
+                mapped.release(low - mapped.start_offset, high - mapped.start_offset)
+        self.released_offset = offset
 
     def close(self) -> None:
         if self._preallocator:

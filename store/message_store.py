@@ -77,7 +77,8 @@ class MessageStore:
         root = config.store_path
         self.root = root
         self.commit_log = CommitLog(os.path.join(root, "commitlog"), config.commitlog_segment_bytes,
-                                    config.store_host, preallocate=config.preallocate_next_segment, clock=clock)
+                                    config.store_host, preallocate=config.preallocate_next_segment,
+                                    cache_bytes=config.commitlog_cache_bytes, clock=clock)
         self.queues = ConsumeQueueTable(os.path.join(root, "consumequeue"), config.consume_queue_entries_per_file)
         self.index = IndexService(os.path.join(root, "index"), config.index_hash_slots, config.index_max_entries)
         self.dispatcher = Dispatcher(self.commit_log, self.queues, self.index, config.dispatch_batch_bytes_max,
