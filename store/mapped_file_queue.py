@@ -350,15 +350,18 @@ class MappedFileQueue:
 
     def release_before(self, offset: int) -> None:
         """Let the page cache go of everything below ``offset`` (on disk already: flushed),
-        from where the last call stopped (``MappedFile.release``)."""
-        start = self.released_offset
-        if offset <= start:
-            return
+        from where the last call stopped."""
+        if offset > self.released_offset:
+            self.release_range(self.released_offset, offset)
+            self.released_offset = offset
+
+    def release_range(self, start: int, end: int) -> None:
+        """Let the page cache go of the whole pages of [start, end), flushed bytes
+        (``MappedFile.release``)."""
         for mapped in self.files:
-            low, high = max(start, mapped.start_offset), min(offset, mapped.end_offset)
+            low, high = max(start, mapped.start_offset), min(end, mapped.end_offset)
             if low < high:
                 mapped.release(low - mapped.start_offset, high - mapped.start_offset)
-        self.released_offset = offset
 
     def close(self) -> None:
         if self._preallocator:

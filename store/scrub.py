@@ -19,6 +19,7 @@ allows ``busy_bytes_per_s`` instead: the scrub yields to the writes. Progress is
 
 from __future__ import annotations
 
+import mmap
 import time
 from dataclasses import dataclass
 
@@ -92,6 +93,7 @@ class Scrub:
         log_min, flushed = self.commit_log.min_offset, self.commit_log.flushed_offset
         if self.position < log_min:
             self.position = log_min      # retention removed what was ahead of us
+        started_at = self.position
         while checked < budget_bytes:
             if self.position >= flushed:
                 if self.position > log_min and not self._walk_complete:
@@ -110,7 +112,19 @@ class Scrub:
             checked += step
             self.position += step
         self.bytes_checked += checked
+        self._release_behind_window(started_at)
         return checked
+
+    def _release_behind_window(self, started_at: int) -> None:
+        """Let go of the pages this check read that lie behind the log's page-cache window
+        (``CommitLog.cache_bytes``): a walk over an old log does not fill the page cache
+        with it. From the page holding ``started_at``: the previous check stopped inside
+        it and left it."""
+        released = self.commit_log.segments.released_offset
+        end = min(self.position, released)
+        start = started_at - started_at % mmap.PAGESIZE
+        if start < end:
+            self.commit_log.segments.release_range(start, end)
 
     def _check_record(self, segment, at: int) -> int:
         """Bytes to step over from ``at``: the record, or the rest of the segment when its

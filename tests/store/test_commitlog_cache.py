@@ -1,6 +1,7 @@
 """The CommitLog keeps only ``commitlog_cache_bytes`` of its flushed end in the page cache:
 a flush lets the pages further back go (MappedFile.release), every message stays readable
-from the disk, and a cut never leaves the released mark above the log's end."""
+from the disk, a scrub walk lets go of what it read behind the window, and a cut never
+leaves the released mark above the log's end."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from store import MessageStore, StoreConfigError
 from store.commit_log import RELEASE_STEP_BYTES
 from store.mapped_file import MappedFile
 from store.put_batch import PlainBatch
+from store.scrub import Scrub
 
 from store_helpers import make_config, pull_all
 
@@ -139,6 +141,27 @@ def test_release_rounds_inwards_to_whole_pages(tmp_path):
         assert resident_pages(mapped, page, 2 * page) == 1   # read back in from the disk
     finally:
         mapped.close()
+
+
+def test_a_scrub_walk_lets_go_of_what_it_read_behind_the_window(tmp_path):
+    store = filled_store(tmp_path, cache_bytes=1 * MIB, total_bytes=12 * MIB)
+    try:
+        log = store.commit_log
+        flushed = log.flush()
+        pull_all(store, "t", 0)   # reads the whole log back into the page cache
+        first = log.segments.files[0]
+        cached = resident_pages(first, 0, 4 * MIB)
+        scrub = Scrub(log, store.integrity, bytes_per_s=1)
+        while scrub.passes_completed == 0:
+            scrub.check(256 * 1024)   # steps that end inside pages: the next one takes them
+        assert scrub.corrupt_records_found == 0
+        if drops_page_cache(str(tmp_path)):
+            assert cached == 4 * MIB // mmap.PAGESIZE
+            assert resident_pages(first, 0, 4 * MIB) == 0
+            last = log.segments.find(flushed - 1)
+            assert resident_pages(last, flushed - 1 * MIB - last.start_offset, flushed - last.start_offset) > 0
+    finally:
+        store.shutdown()
 
 
 def test_a_negative_window_is_refused(tmp_path):
