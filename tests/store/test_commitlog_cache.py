@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+from contextlib import contextmanager
 
 import pytest
 
@@ -54,19 +55,23 @@ def drops_page_cache(path: str) -> bool:
     return kind not in ("tmpfs", "ramfs")
 
 
-def filled_store(tmp_path, *, cache_bytes: int, total_bytes: int) -> MessageStore:
+@contextmanager
+def filled_store(tmp_path, *, cache_bytes: int, total_bytes: int):
+    """A started store (8 MiB segments, no timed flush) holding ``total_bytes`` of queue t/0."""
     store = MessageStore(make_config(tmp_path / "s", commitlog_segment_bytes=8 * MIB, commitlog_cache_bytes=cache_bytes,
                                      flush_interval_ms=60_000, consume_queue_entries_per_file=100_000,
                                      index_hash_slots=10_000, index_max_entries=100_000))
     store.start()
-    while store.commit_log.max_offset < total_bytes:
-        store.append(PlainBatch("t", [0] * 64, [BODY] * 64, [{} for _ in range(64)]))
-    return store
+    try:
+        while store.commit_log.max_offset < total_bytes:
+            store.append(PlainBatch("t", [0] * 64, [BODY] * 64, [{} for _ in range(64)]))
+        yield store
+    finally:
+        store.shutdown()
 
 
 def test_a_flush_lets_the_pages_behind_the_window_go_and_every_message_stays_readable(tmp_path):
-    store = filled_store(tmp_path, cache_bytes=1 * MIB, total_bytes=12 * MIB)
-    try:
+    with filled_store(tmp_path, cache_bytes=1 * MIB, total_bytes=12 * MIB) as store:
         log = store.commit_log
         first = log.segments.files[0]
         before = resident_pages(first, 0, 4 * MIB)
@@ -81,35 +86,26 @@ def test_a_flush_lets_the_pages_behind_the_window_go_and_every_message_stays_rea
         messages = pull_all(store, "t", 0)   # the released ones read back from the disk
         assert messages and all(message.body == BODY for message in messages)
         assert [m.queue_offset for m in messages] == list(range(len(messages)))
-    finally:
-        store.shutdown()
 
 
 def test_a_flush_releases_only_once_a_step_more_is_behind_the_window(tmp_path):
-    store = filled_store(tmp_path, cache_bytes=4 * MIB, total_bytes=4 * MIB + RELEASE_STEP_BYTES // 2)
-    try:
+    with filled_store(tmp_path, cache_bytes=4 * MIB, total_bytes=4 * MIB + RELEASE_STEP_BYTES // 2) as store:
         store.commit_log.flush()
         assert store.commit_log.segments.released_offset == 0
-    finally:
-        store.shutdown()
 
 
 def test_no_window_keeps_every_page(tmp_path):
-    store = filled_store(tmp_path, cache_bytes=0, total_bytes=10 * MIB)
-    try:
+    with filled_store(tmp_path, cache_bytes=0, total_bytes=10 * MIB) as store:
         log = store.commit_log
         log.flush()
         assert log.segments.released_offset == 0
         if drops_page_cache(str(tmp_path)):
             first = log.segments.files[0]
             assert resident_pages(first, 0, 4 * MIB) == 4 * MIB // mmap.PAGESIZE
-    finally:
-        store.shutdown()
 
 
 def test_a_cut_below_the_released_mark_lowers_it(tmp_path):
-    store = filled_store(tmp_path, cache_bytes=1 * MIB, total_bytes=10 * MIB)
-    try:
+    with filled_store(tmp_path, cache_bytes=1 * MIB, total_bytes=10 * MIB) as store:
         log = store.commit_log
         log.flush()
         released = log.segments.released_offset
@@ -117,8 +113,6 @@ def test_a_cut_below_the_released_mark_lowers_it(tmp_path):
         cut_at = _record_offset_below(store, released // 2)
         log.set_end(cut_at)
         assert log.segments.released_offset == cut_at
-    finally:
-        store.shutdown()
 
 
 def _record_offset_below(store: MessageStore, offset: int) -> int:
@@ -144,8 +138,7 @@ def test_release_rounds_inwards_to_whole_pages(tmp_path):
 
 
 def test_a_scrub_walk_lets_go_of_what_it_read_behind_the_window(tmp_path):
-    store = filled_store(tmp_path, cache_bytes=1 * MIB, total_bytes=12 * MIB)
-    try:
+    with filled_store(tmp_path, cache_bytes=1 * MIB, total_bytes=12 * MIB) as store:
         log = store.commit_log
         flushed = log.flush()
         pull_all(store, "t", 0)   # reads the whole log back into the page cache
@@ -160,8 +153,6 @@ def test_a_scrub_walk_lets_go_of_what_it_read_behind_the_window(tmp_path):
             assert resident_pages(first, 0, 4 * MIB) == 0
             last = log.segments.find(flushed - 1)
             assert resident_pages(last, flushed - 1 * MIB - last.start_offset, flushed - last.start_offset) > 0
-    finally:
-        store.shutdown()
 
 
 def test_a_negative_window_is_refused(tmp_path):
