@@ -40,10 +40,12 @@ class ReplicaStore(Protocol):
         """Whole records from ``offset`` within one segment, at most ``max_bytes`` unless one
         record is larger; empty at the end of the log."""
 
-    def append(self, offset: int, data, *, wake_dispatch: bool = True) -> int:
+    def append(self, offset: int, data, *, wake_dispatch: bool = True, read_ahead: bool = True) -> int:
         """Append whole records exactly at the end of the log; returns the new end. Refuses
         (a StoreError) anything else before a byte is written. Without ``wake_dispatch``
-        the records are indexed once ``wake_dispatch()`` is called."""
+        the records are indexed once ``wake_dispatch()`` is called. Without ``read_ahead``
+        the store does not bring the pages ahead of the write in on another thread (a
+        replica that keeps up: its writes' own page allocation costs less)."""
 
     def wake_dispatch(self) -> None:
         """Index what was appended without ``wake_dispatch`` (cheap, never blocks)."""

@@ -316,12 +316,14 @@ class CommitLog:
         self.written_runs.add(positions, self.max_offset)
         return positions, queue_offsets
 
-    def append_bytes(self, offset: int, data, positions: list[int] | None = None) -> None:
+    def append_bytes(self, offset: int, data, positions: list[int] | None = None, *,
+                     read_ahead: bool = True) -> None:
         """Append raw records (bytes-like) at exactly ``offset`` (replication). They must be
         whole records. Written with ``pwrite``, which releases the GIL (see MappedFile.write),
-        with the pages ahead brought in by the preallocator meanwhile. ``positions``: where
-        in ``data`` each message record starts, as the caller's check of the framing found
-        them (``replica_log.check_chunk``); kept in ``written_runs`` for the dispatcher."""
+        with the pages ahead brought in by the preallocator meanwhile (``read_ahead``; without
+        it ``pwrite`` allocates its pages itself). ``positions``: where in ``data`` each message
+        record starts, as the caller's check of the framing found them
+        (``replica_log.check_chunk``); kept in ``written_runs`` for the dispatcher."""
         view = memoryview(data).cast("B")
         with self._write_lock:
             if offset != self.max_offset:
@@ -331,7 +333,7 @@ class CommitLog:
                 segment = self._writable_segment()
                 position = self.max_offset - segment.start_offset
                 step = min(len(view) - written, segment.size - position)
-                segment.write(position, view[written:written + step])
+                segment.write(position, view[written:written + step], populate=read_ahead)
                 written += step
                 self.max_offset += step
             # kept only once written: a write that failed (no room for the next segment, a
@@ -342,7 +344,8 @@ class CommitLog:
                 last = positions[-1]
                 run_end = offset + last + codec.BLANK_HEADER.unpack_from(view, last)[0]
                 self.written_runs.add(list(map(add, positions, repeat(offset))), run_end)
-            self.segments.populate_ahead(self.max_offset)
+            if read_ahead:
+                self.segments.populate_ahead(self.max_offset)
 
     # --- flushing ------------------------------------------------------------------------
     def flush(self) -> int:

@@ -83,8 +83,9 @@ class MappedFile:
     def end_offset(self) -> int:
         return self.start_offset + self.size
 
-    def write(self, position: int, data) -> None:
-        """Copy ``data`` (bytes-like) into the file at ``position``: ``populate``, then ``os.pwrite``.
+    def write(self, position: int, data, *, populate: bool = True) -> None:
+        """Copy ``data`` (bytes-like) into the file at ``position``: ``populate`` (unless told
+        not to), then ``os.pwrite``.
 
         For megabytes at a time (replication) this beats assigning through the mapping: the
         GIL is released while the kernel copies, so the event loop keeps receiving, and the
@@ -97,7 +98,7 @@ class MappedFile:
         view = memoryview(data).cast("B")
         invariant(0 <= position and position + len(view) <= self.size,
                   f"{self.path}: write of {len(view)} bytes at {position} is outside the file")
-        if len(view) > WRITE_POPULATE_BYTES_MIN:  # a small write's fadvise cost more than the write
+        if populate and len(view) > WRITE_POPULATE_BYTES_MIN:  # a small write's fadvise cost more
             self.populate(position, position + len(view))
         while view:
             written = os.pwrite(self.fd, view, position)

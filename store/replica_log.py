@@ -311,9 +311,10 @@ class ReplicaLog:
         return read_chunk(commit_log.segments, offset, commit_log.max_offset, max_bytes)
 
     # --- slave: writing ------------------------------------------------------------------
-    def append(self, offset: int, data, *, wake_dispatch: bool = True) -> int:
+    def append(self, offset: int, data, *, wake_dispatch: bool = True, read_ahead: bool = True) -> int:
         """A replica's write: whole records (bytes-like) exactly at the end of the log. Returns
-        the new end.
+        the new end. ``read_ahead``: pages ahead of the write are brought in on another thread
+        (``CommitLog.append_bytes``), for a replica writing megabytes at a time.
 
         The framing is checked before a byte lands (ChunkError, a StoreError, otherwise);
         the dispatcher then builds this replica's own ConsumeQueue and IndexFile: at once
@@ -323,7 +324,7 @@ class ReplicaLog:
         self._check_open()
         commit_log = self._commit_log
         positions = check_chunk(data, offset, commit_log.segment_bytes)
-        commit_log.append_bytes(offset, data, positions)
+        commit_log.append_bytes(offset, data, positions, read_ahead=read_ahead)
         self.writes_need_catch_up = True
         if wake_dispatch:
             self._dispatcher.wake.set()

@@ -28,14 +28,15 @@ class Session:
     """A FollowThread on one end of a socket pair, run by a thread; the test is the master."""
 
     def __init__(self, slave, *, buffered: bytes = b"", read_timeout_ms: int = 10_000,
-                 ack_interval_ms: int = 10_000, dispatch_delay_ms: int = 10_000, clock=None) -> None:
+                 ack_interval_ms: int = 10_000, dispatch_delay_ms: int = 10_000, clock=None,
+                 replica_store=None, master_max_offset: int = 0) -> None:
         self.master, theirs = socket.socketpair()
         self.master.settimeout(WAIT_S)
         self.signals = 0
         options = {} if clock is None else {"clock": clock}
-        self.follower = FollowThread(slave.replica_log, epoch_file(slave), EPOCHS, theirs, buffered,
+        self.follower = FollowThread(replica_store or slave.replica_log, epoch_file(slave), EPOCHS, theirs, buffered,
                                      read_timeout_ms=read_timeout_ms, ack_interval_ms=ack_interval_ms,
-                                     dispatch_delay_ms=dispatch_delay_ms, master_max_offset=0,
+                                     dispatch_delay_ms=dispatch_delay_ms, master_max_offset=master_max_offset,
                                      signal=self._signal, **options)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -295,3 +296,35 @@ def test_a_dispatcher_with_a_thread_of_its_own_is_woken_instead(open_store, sess
     assert session.acks_until(len(data))[-1] == len(data)
     wait_until(lambda: slave.dispatcher.dispatched_offset == len(data), "the dispatcher thread's pass")
     wait_until(lambda: not session.follower.undispatched, "the thread's turn handed over")
+
+
+class ReadAheads:
+    """A slave's replica log, noting whether each append asked for the pages ahead."""
+
+    def __init__(self, replica_log) -> None:
+        self._inner = replica_log
+        self.asked: list[bool] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def append(self, offset: int, data, *, wake_dispatch: bool = True, read_ahead: bool = True) -> int:
+        self.asked.append(read_ahead)
+        return self._inner.append(offset, data, wake_dispatch=wake_dispatch, read_ahead=read_ahead)
+
+
+def test_a_slave_reads_ahead_only_while_the_master_runs_far_ahead(open_store, session_of, monkeypatch):
+    monkeypatch.setattr(follow_thread, "READ_AHEAD_BEHIND_BYTES", 60_000)
+    master, slave = open_store("master"), open_store("slave")
+    put(master, 300, body_bytes=500)
+    pieces = chunks(master, 6, 25_000)
+    end = pieces[-1][0] + len(pieces[-1][1])
+    store = ReadAheads(slave.replica_log)
+    # the master's log end as the handshake told it: the slave starts more than 60 KB behind
+    session = session_of(slave, replica_store=store, master_max_offset=end)
+    session.master.sendall(b"".join(frame(offset, data) for offset, data in pieces))
+    session.acks_until(end)
+    behind = [end - offset - len(data) for offset, data in pieces]
+    assert store.asked == [gap > 60_000 for gap in behind]
+    assert True in store.asked and False in store.asked   # catching up, then keeping up
+    assert log_bytes(slave) == b"".join(data for _, data in pieces)

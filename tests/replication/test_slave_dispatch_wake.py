@@ -33,9 +33,9 @@ class CountedWakes:
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
-    def append(self, offset: int, data, *, wake_dispatch: bool = True) -> int:
+    def append(self, offset: int, data, *, wake_dispatch: bool = True, read_ahead: bool = True) -> int:
         self.appends += 1
-        return self._inner.append(offset, data, wake_dispatch=wake_dispatch)
+        return self._inner.append(offset, data, wake_dispatch=wake_dispatch, read_ahead=read_ahead)
 
     def wake_dispatch(self) -> None:
         self.wakes += 1

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from store import Message, MessageStore, PutStatus, StoreClosedError, StoreError
+from store.mapped_file import MappedFile
 from store.replica_log import CUT, RESET, ChunkError, CutIntent, CutMarker, check_chunk
 from store_helpers import make_config, pull_all, segment_files
 
@@ -374,3 +375,28 @@ def test_a_failed_append_leaves_no_record_positions_for_other_bytes_written_ther
     assert sorted(m.physical_offset for m in got) == \
         sorted(m.physical_offset for q in range(3) for m in pull_all(second_master, "u", q, 0))
     assert slave.topics().keys() == {"u"}
+
+
+def test_an_append_without_read_ahead_leaves_the_pages_ahead_alone(tmp_path, monkeypatch):
+    # no preallocator threads: they populate each file they create, whenever they get to it
+    master, replica = (MessageStore(make_config(tmp_path / name, commitlog_segment_bytes=4 * 1024 * 1024,
+                                                preallocate_next_segment=False)) for name in ("m", "r"))
+    master.start()
+    replica.start()
+    try:
+        fill(master, 400)
+        chunk = master.replica_log.read(0, 128 * 1024)
+        populated, asked = [], []
+        monkeypatch.setattr(MappedFile, "populate", lambda self, start=0, end=None: populated.append((start, end)))
+        segments = replica.commit_log.segments
+        monkeypatch.setattr(segments, "populate_ahead", lambda offset, for_write=False: asked.append(offset))
+        end = replica.replica_log.append(0, chunk, read_ahead=False)
+        assert (populated, asked) == ([], [])
+        assert bytes(replica.commit_log.read(0, end)) == bytes(chunk)
+        more = master.replica_log.read(end, 1 << 20)
+        assert len(more) > 64 * 1024
+        replica.replica_log.append(end, more)   # the default reads ahead: a write this large populates first
+        assert asked == [end + len(more)] and populated
+    finally:
+        master.shutdown()
+        replica.shutdown()
