@@ -19,13 +19,24 @@ def _columns_of(messages: list[dict]) -> dict:
     return {"body": [m["body"] for m in messages], "properties": [m["properties"] for m in messages]}
 
 
+async def _connect_with_topics(memory_node, nursery, *topics: str):
+    """A connection to ``memory_node`` with ``topics`` created, three queues each."""
+    connection = await memory_node.connect(nursery)
+    for topic in topics:
+        await connection.request(RequestCode.TOPIC_CREATE, topic=topic, queue_count=3)
+    return connection
+
+
+def _stored(store, topics, queue_id: int, beside_body) -> dict:
+    """Each topic's messages in ``queue_id``: (body, ``beside_body(message)``) in order."""
+    return {topic: [(m.body, beside_body(m)) for m in store.get(topic, queue_id, 0, 100)] for topic in topics}
+
+
 @pytest.mark.trio
 @pytest.mark.parametrize("count", [1, 3, 40])  # under and over the store's column-path minimum
 async def test_columns_store_what_maps_store(memory_node, count):
     async with trio.open_nursery() as nursery:
-        connection = await memory_node.connect(nursery)
-        for topic in ("as-maps", "as-columns"):
-            await connection.request(RequestCode.TOPIC_CREATE, topic=topic, queue_count=3)
+        connection = await _connect_with_topics(memory_node, nursery, "as-maps", "as-columns")
         messages = _plain(count, "m")
         maps = (await connection.request(RequestCode.SEND, topic="as-maps", messages=messages,
                                          result_columns=True))["result_columns"]
@@ -40,8 +51,8 @@ async def test_columns_store_what_maps_store(memory_node, count):
         assert again[0]["queue_id"] == count % 3
         memory_node.store.wait_dispatched()
         for queue_id in range(3):
-            stored = {topic: [(m.body, m.properties.get("UNIQ_KEY")) for m in memory_node.store.get(topic, queue_id, 0, 100)]
-                      for topic in ("as-maps", "as-columns")}
+            stored = _stored(memory_node.store, ("as-maps", "as-columns"), queue_id,
+                             lambda m: m.properties.get("UNIQ_KEY"))
             assert stored["as-columns"][:len(stored["as-maps"])] == stored["as-maps"]
         nursery.cancel_scope.cancel()
 
@@ -50,9 +61,7 @@ async def test_columns_store_what_maps_store(memory_node, count):
 @pytest.mark.parametrize("count", [1, 3, 40])
 async def test_uniq_keys_as_a_column_store_what_uniq_key_properties_store(memory_node, count):
     async with trio.open_nursery() as nursery:
-        connection = await memory_node.connect(nursery)
-        for topic in ("as-properties", "as-uniq-keys"):
-            await connection.request(RequestCode.TOPIC_CREATE, topic=topic, queue_count=3)
+        connection = await _connect_with_topics(memory_node, nursery, "as-properties", "as-uniq-keys")
         messages = _plain(count, "u")
         replies = {}
         for topic, columns in (("as-properties", _columns_of(messages)),
@@ -64,8 +73,7 @@ async def test_uniq_keys_as_a_column_store_what_uniq_key_properties_store(memory
             assert replies["as-uniq-keys"][field] == replies["as-properties"][field]
         memory_node.store.wait_dispatched()
         for queue_id in range(3):
-            stored = {topic: [(m.body, m.user_properties) for m in memory_node.store.get(topic, queue_id, 0, 100)]
-                      for topic in replies}
+            stored = _stored(memory_node.store, replies, queue_id, lambda m: m.user_properties)
             assert stored["as-uniq-keys"] == stored["as-properties"]
         nursery.cancel_scope.cancel()
 
