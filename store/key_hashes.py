@@ -23,6 +23,12 @@ def index_key_hashes(prefix_hashes: list[int], keys: list[str]) -> list[int]:
     """
     if len(keys) < _VECTOR_GROUP_MIN:  # too few for a group: no grouping at all
         return list(map(codec.index_key_hash_with_prefix, prefix_hashes, keys))
+    lengths = set(map(len, keys))
+    if len(lengths) == 1:   # keys of one length (UNIQ_KEYs): one group, if ASCII, without a loop
+        length = lengths.pop()
+        joined = "".join(keys)
+        if 0 < length <= _VECTOR_KEY_LENGTH_MAX and joined.isascii():
+            return _group_hashes(prefix_hashes, joined, len(keys), length).tolist()
     result = [0] * len(keys)
     by_length: dict[int, list[int]] = {}
     for number, key in enumerate(keys):
@@ -39,17 +45,25 @@ def index_key_hashes(prefix_hashes: list[int], keys: list[str]) -> list[int]:
             for number in numbers:
                 result[number] = codec.index_key_hash_with_prefix(prefix_hashes[number], keys[number])
             continue
-        units = numpy.frombuffer("".join([keys[n] for n in numbers]).encode("ascii"), numpy.uint8)
-        sums = units.reshape(len(numbers), length).astype(numpy.uint64) @ _vector_powers(length)
-        prefixes = numpy.array([prefix_hashes[n] for n in numbers], numpy.uint64)
-        # uint64 arithmetic wraps mod 2^64, which keeps the value mod 2^32 exact
-        hashes = (prefixes * numpy.uint64(codec._POW31[length]) + sums) & numpy.uint64(0xFFFFFFFF)
-        negative = (hashes & numpy.uint64(0x80000000)) != 0
-        absolute = numpy.where(negative, numpy.uint64(1 << 32) - hashes, hashes)
-        absolute[hashes == numpy.uint64(0x80000000)] = 0
-        for number, value in zip(numbers, absolute.tolist()):
+        hashes = _group_hashes([prefix_hashes[n] for n in numbers], "".join([keys[n] for n in numbers]),
+                               len(numbers), length)
+        for number, value in zip(numbers, hashes.tolist()):
             result[number] = value
     return result
+
+
+def _group_hashes(prefix_hashes: list[int], joined: str, count: int, length: int) -> "numpy.ndarray":
+    """The index key hashes of ``count`` ASCII keys of ``length`` characters each, given
+    joined, behind their prefix hashes: one matrix product."""
+    units = numpy.frombuffer(joined.encode("ascii"), numpy.uint8)
+    sums = units.reshape(count, length).astype(numpy.uint64) @ _vector_powers(length)
+    prefixes = numpy.array(prefix_hashes, numpy.uint64)
+    # uint64 arithmetic wraps mod 2^64, which keeps the value mod 2^32 exact
+    hashes = (prefixes * numpy.uint64(codec._POW31[length]) + sums) & numpy.uint64(0xFFFFFFFF)
+    negative = (hashes & numpy.uint64(0x80000000)) != 0
+    absolute = numpy.where(negative, numpy.uint64(1 << 32) - hashes, hashes)
+    absolute[hashes == numpy.uint64(0x80000000)] = 0
+    return absolute
 
 
 _VECTOR_KEY_LENGTH_MAX = 255

@@ -334,6 +334,17 @@ def test_batched_index_key_hashes_keep_the_min_value_rule():
         assert hashes == [0] * count
 
 
+def test_index_key_hashes_of_keys_of_one_length():
+    """Keys of one length (a batch's UNIQ_KEYs) are hashed as one group without a loop over
+    them; a non-ASCII key among them, or a length past the groups' bound, sends them back
+    to the loop. Same values as the scalar hash either way."""
+    prefix = codec.java_hash_unsigned("orders#")
+    hex_keys = [f"{number:032X}" for number in range(0, 10**6, 9973)]
+    for keys in (hex_keys, hex_keys[:8], hex_keys[:-1] + ["é" * 32], ["k" * 300] * 9, [""] * 9):
+        assert key_hashes.index_key_hashes([prefix] * len(keys), keys) == \
+            [codec.index_key_hash_with_prefix(prefix, key) for key in keys]
+
+
 def test_a_few_index_key_hashes_match_the_scalar_hash():
     import random
     rng = random.Random(12)
