@@ -65,94 +65,54 @@ WRITTEN_RUNS_MAX = 4096
 RELEASE_STEP_BYTES = 4 * 1024 * 1024
 
 
-class WrittenIndexing(NamedTuple):
-    """What the index takes from a run this store wrote column-wise, as the writer knew it:
-    one topic, and per record its queue, queue offset, size and one index key (its
-    UNIQ_KEY; no KEYS, no TAGS), all records stored at one time. The dispatcher builds the
-    run's ConsumeQueue and IndexFile entries from it (``DispatchParser.from_writes``) instead of
-    reading the records back."""
-
-    topic: str
-    queue_ids: tuple[int, ...]
-    queue_offsets: list[int]
-    sizes: list[int]
-    store_timestamp: int
-    index_keys: tuple[str, ...]
-
-
-class Taken(NamedTuple):
-    """What ``WrittenRuns.take`` found: record offsets, the offset after the last record,
-    and, when every run was taken whole and carried its ``WrittenIndexing``, each run's
-    offsets with it (None otherwise: the dispatcher parses the records)."""
-
-    offsets: list[int]
-    end: int
-    indexed: list[tuple[list[int], WrittenIndexing]] | None
-
-
 class WrittenRuns:
     """Where the writer's appends placed their records: runs of (first offset, end offset,
-    each record's offset, what the index takes from them if the writer knew it), in log order.
+    each record's offset), in log order.
 
     The dispatcher takes record offsets from here instead of walking the headers one by
-    one (a quarter of its time), and from a run written column-wise its index entries too
-    (``WrittenIndexing``: a put of 64 records then needs no parse of them, about 45 instead
-    of 100 µs warm).
-    What this process appended is here, and what a slave appended by replication (its check
-    of the chunk found the records; no indexing); the log found by recovery is walked.
-    Bounded: when the dispatcher falls far behind, the oldest runs are dropped and it walks
-    those records instead. Appended by the writer under its lock, taken by the dispatcher
-    under its own: a deque's ``append`` and ``popleft`` need no lock between the two.
-    ``runs_max`` bounds the runs kept.
+    one (a quarter of its time). What this process appended is here, and what a slave
+    appended by replication (its check of the chunk found the records); the log found by
+    recovery is walked. Bounded: when the dispatcher falls far
+    behind, the oldest runs are dropped and it walks those records instead. Appended by
+    the writer under its lock, taken by the dispatcher under its own: a deque's ``append``
+    and ``popleft`` need no lock between the two. ``runs_max`` bounds the runs kept.
     """
 
     def __init__(self, runs_max: int = WRITTEN_RUNS_MAX) -> None:
-        self._runs: deque[tuple[int, int, list[int], WrittenIndexing | None]] = deque(maxlen=runs_max)
+        self._runs: deque[tuple[int, int, list[int]]] = deque(maxlen=runs_max)
 
-    def add(self, offsets: list[int], end: int, indexing: WrittenIndexing | None = None) -> None:
+    def add(self, offsets: list[int], end: int) -> None:
         if offsets:
-            self._runs.append((offsets[0], end, offsets, indexing))
+            self._runs.append((offsets[0], end, offsets))
 
     def clear(self) -> None:
         self._runs.clear()
 
-    def take(self, start: int, limit: int) -> Taken | None:
-        """The records starting in [start, limit) (``Taken``), if the runs cover the log
-        from ``start`` on; None (walk) if not. A take is indexed throughout (whole runs, each
-        with its indexing) or parsed throughout: it ends before a run that would change that,
-        for the next take."""
+    def take(self, start: int, limit: int) -> tuple[list[int], int] | None:
+        """The offsets of the records starting in [start, limit) and the offset just after
+        the last of them, if the runs cover the log from ``start`` on; None (walk) if not."""
         runs = self._runs
         while runs and runs[0][1] <= start:   # dispatched already (or cut off the log)
             runs.popleft()
         offsets: list[int] = []
-        indexed: list[tuple[list[int], WrittenIndexing]] | None = []
         cursor = start
         while runs and cursor < limit:
-            first, end, run, indexing = runs[0]
-            whole = first == cursor
-            if not whole:
-                if first > cursor:
-                    break
-                run = run[bisect_left(run, cursor):]   # the dispatcher stopped inside this run: its rest
-                if not run or run[0] != cursor:
+            first, end, run = runs[0]
+            if first != cursor:
+                if first < cursor:   # the dispatcher stopped inside this run: keep its rest
+                    run = run[bisect_left(run, cursor):]
+                    if not run or run[0] != cursor:
+                        break
+                else:
                     break
             taken = bisect_left(run, limit)
-            by_indexing = whole and taken == len(run) and indexing is not None
-            if offsets and by_indexing != (indexed is not None):
-                break
+            offsets.extend(run[:taken] if taken < len(run) else run)
             if taken < len(run):
-                offsets.extend(run[:taken])
                 cursor = run[taken]
-                indexed = None
                 break
-            offsets.extend(run)
-            if by_indexing:
-                indexed.append((run, indexing))
-            else:
-                indexed = None
             runs.popleft()
             cursor = end
-        return Taken(offsets, cursor, indexed) if offsets else None
+        return (offsets, cursor) if offsets else None
 
 
 def now_ms() -> int:
@@ -353,10 +313,7 @@ class CommitLog:
         self.put_messages += len(positions)
         self.put_bytes += len(data)
         self.max_offset += len(data)
-        # copies of the caller's columns: the dispatcher reads them after this returns
-        indexing = None if run.index_keys is None else WrittenIndexing(
-            run.topics[0], tuple(run.queue_ids), queue_offsets, run.sizes, store_timestamp, tuple(run.index_keys))
-        self.written_runs.add(positions, self.max_offset, indexing)
+        self.written_runs.add(positions, self.max_offset)
         return positions, queue_offsets
 
     def append_bytes(self, offset: int, data, positions: list[int] | None = None, *,

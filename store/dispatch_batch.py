@@ -27,8 +27,7 @@ bytes. Values with other bytes are decoded and hashed one by one (``codec.combin
 from __future__ import annotations
 
 import struct
-from itertools import groupby, repeat
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,9 +36,6 @@ from .key_hashes import index_key_hashes
 from .consume_queue import ENTRY as QUEUE_ENTRY
 from .dispatch_layout import HASHED_VALUE_BYTES_MAX, Layout, layout_of
 from .errors import invariant
-
-if TYPE_CHECKING:
-    from .commit_log import WrittenIndexing
 
 # The header fields the dispatcher reads, at their offsets in a record.
 _HEADER = np.dtype({
@@ -60,7 +56,6 @@ _DISPATCH_FIELDS = struct.Struct(">i8xi4xqq20xq20xi")
 assert _DISPATCH_FIELDS.size == codec.HEADER.size and (codec.QUEUE_ID_AT, codec.QUEUE_OFFSET_AT,
                                                        codec.PHYSICAL_OFFSET_AT, codec.STORE_TIMESTAMP_AT,
                                                        codec.BODY_LENGTH_AT) == (12, 20, 28, 56, 84)
-_PACK_QUEUE_ENTRY = QUEUE_ENTRY.pack
 # Distinct TAGS values whose codes ``parse_each`` remembers.
 _TAGS_CODES_MAX = 65536
 
@@ -233,37 +228,6 @@ class DispatchParser:
         return DispatchBatch(len(positions), int(store_timestamps[-1]), runs,
                              _index_hashes(hashes[len(tag_records):]), physical_offsets[key_records],
                              store_timestamps[key_records])
-
-    def from_writes(self, writes: list[tuple[list[int], "WrittenIndexing"]]) -> DispatchBatch:
-        """The batch of runs this store wrote itself, from what the writer knew of them
-        (each run's record offsets and ``commit_log.WrittenIndexing``), no record read back:
-        the entries the parsers give for the same records. A run's records of one queue have
-        consecutive queue offsets (the writer counted them out in order), so each queue of a
-        run is one queue run; a later run of the same queue follows on."""
-        runs: list[QueueRun] = []
-        prefixes: list[int] = []
-        keys: list[str] = []
-        key_offsets: list[int] = []
-        key_timestamps: list[int] = []
-        for offsets, written in writes:
-            topic, queue_ids, queue_offsets = written.topic, written.queue_ids, written.queue_offsets
-            count = len(offsets)
-            entries = list(map(_PACK_QUEUE_ENTRY, offsets, written.sizes, repeat(0)))   # no TAGS: code 0
-            if queue_ids.count(queue_ids[0]) == count:
-                runs.append(((topic, queue_ids[0]), queue_offsets[0], b"".join(entries)))
-            else:   # round robin over the queues: each queue's records, in log order
-                order = sorted(range(count), key=queue_ids.__getitem__)
-                for queue_id, numbers in groupby(order, key=queue_ids.__getitem__):
-                    numbers = list(numbers)
-                    runs.append(((topic, queue_id), queue_offsets[numbers[0]],
-                                 b"".join(map(entries.__getitem__, numbers))))
-            prefixes += repeat(self._topic_prefix(topic), count)
-            keys += written.index_keys
-            key_offsets += offsets
-            key_timestamps += repeat(written.store_timestamp, count)
-        # one index key a record: as many keys as records
-        return DispatchBatch(len(key_offsets), writes[-1][1].store_timestamp, runs,
-                             index_key_hashes(prefixes, keys), key_offsets, key_timestamps)
 
     def parse_alike(self, buffer, positions: list[int]) -> DispatchBatch | None:
         """The batch of the messages at ``positions`` in ``buffer`` if their tails share one

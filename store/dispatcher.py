@@ -216,12 +216,9 @@ class Dispatcher:
                 segment = self.commit_log.segments.find(offset)
                 if segment is None:
                     break
-                positions, stop, blank, indexed = self._positions(segment, offset, end)
+                positions, stop, blank = self._positions(segment, offset, end)
                 if positions:
-                    if indexed:   # records this store wrote column-wise: from what the writer knew
-                        batch = self._parser.from_writes(indexed)
-                    else:
-                        batch = self._parse(segment.mm, positions)
+                    batch = self._parse(segment.mm, positions)
                     grown.update(self._write(batch))
                     count += batch.count
                 offset = segment.end_offset if blank else segment.start_offset + stop
@@ -232,19 +229,18 @@ class Dispatcher:
             listener(self.dispatched_offset, grown)
         return count
 
-    def _positions(self, segment: MappedFile, offset: int, end: int) -> tuple[list[int], int, bool, list | None]:
+    def _positions(self, segment: MappedFile, offset: int, end: int) -> tuple[list[int], int, bool]:
         """``_walk`` from ``offset`` to ``end`` within ``segment``; the records this process
         appended itself are found in the writer's record of them instead (as far as that
-        goes on without a gap; the next round of the pass walks from there), with what the
-        index takes from them when the writer knew it (``WrittenRuns.take``)."""
+        goes on without a gap; the next round of the pass walks from there)."""
         base = segment.start_offset
         limit = min(segment.end_offset, end)
         written = self.commit_log.written_runs.take(offset, limit)
         if written is None:
-            return (*_walk(segment, offset - base, limit - base), None)
-        offsets, stop, indexed = written
+            return _walk(segment, offset - base, limit - base)
+        offsets, stop = written
         invariant(stop <= segment.end_offset, f"{segment.path}: a written run crosses the segment's end")
-        return list(map(sub, offsets, repeat(base))), stop - base, False, indexed
+        return list(map(sub, offsets, repeat(base))), stop - base, False
 
     def _parse(self, buffer, positions: list[int]) -> DispatchBatch:
         parser = self._parser

@@ -56,7 +56,9 @@ def _group_hashes(prefix_hashes: list[int], joined: str, count: int, length: int
     """The index key hashes of ``count`` ASCII keys of ``length`` characters each, given
     joined, behind their prefix hashes: one matrix product."""
     units = numpy.frombuffer(joined.encode("ascii"), numpy.uint8)
-    sums = units.reshape(count, length).astype(numpy.uint64) @ _vector_powers(length)
+    # in float64, exact (every partial sum is an integer below 255 * 127 * 2**32 < 2**53),
+    # and a BLAS product where numpy's integer one is a plain loop
+    sums = (units.reshape(count, length) @ _vector_powers(length)).astype(numpy.uint64)
     prefixes = numpy.array(prefix_hashes, numpy.uint64)
     # uint64 arithmetic wraps mod 2^64, which keeps the value mod 2^32 exact
     hashes = (prefixes * numpy.uint64(codec._POW31[length]) + sums) & numpy.uint64(0xFFFFFFFF)
@@ -74,5 +76,5 @@ _VECTOR_POWERS: dict[int, "numpy.ndarray"] = {}
 def _vector_powers(length: int):
     powers = _VECTOR_POWERS.get(length)
     if powers is None:
-        powers = _VECTOR_POWERS[length] = numpy.array(codec._reversed_powers(length), numpy.uint64)
+        powers = _VECTOR_POWERS[length] = numpy.array(codec._reversed_powers(length), numpy.float64)
     return powers

@@ -131,14 +131,10 @@ class BatchColumns(NamedTuple):
     reconsume_times: tuple[int, ...]
     prepared_transaction_offsets: tuple[int, ...]
     sizes: list[int]
-    # each message's one index key, its UNIQ_KEY, when that is all the index takes from the
-    # batch (a producer's plain batch: no KEYS, no TAGS, no empty key); None otherwise. The
-    # writer hands them to the dispatcher, which then need not read the records back.
-    index_keys: list[str] | None = None
 
     def run(self, start: int, end: int) -> "BatchColumns":
         """The messages [start, end) (a segment roll splits a batch)."""
-        return BatchColumns(*(None if column is None else column[start:end] for column in self))
+        return BatchColumns(*(column[start:end] for column in self))
 
 
 def batch_columns(messages: list, tail_prefixes: dict[str, bytes], born_hosts: dict[str, bytes],
@@ -204,9 +200,8 @@ def _columns(topics: tuple, queue_ids, bodies, keys, tags, properties, flags, sy
     else:
         host_bytes = list(map(born_hosts.__getitem__, hosts))
     body_crcs = list(map(and_, map(_crc32, bodies), repeat(_BODY_CRC_MASK)))
-    index_keys = uniq_keys if uniq_keys is not None and len(topic_set) == 1 and all(uniq_keys) else None
     return BatchColumns(topics, queue_ids, bodies, body_crcs, tails, flags, sys_flags, born_timestamps,
-                        host_bytes, reconsume_times, prepared_offsets, sizes, index_keys)
+                        host_bytes, reconsume_times, prepared_offsets, sizes)
 
 
 def _property_texts(keys: tuple, tags: tuple, properties: tuple[dict, ...]) -> list[str] | None:

@@ -16,7 +16,6 @@ from store import Message, codec, commit_log as commit_log_module, dispatch_batc
 from store.dispatch_batch import DispatchParser
 from store.dispatcher import ConsumeQueueTable, Dispatcher
 from store.index_file import IndexFile, IndexService
-from store.put_batch import PlainBatch
 
 HOST = codec.encode_host("127.0.0.1:10911")
 
@@ -279,11 +278,11 @@ def test_written_runs_give_offsets_only_where_they_cover_the_log():
     runs.add([300, 340], 400)
     runs.add([500, 520], 600)                                  # a gap before it: 400..500 was replicated
     assert runs.take(0, 1000) is None                           # the runs do not start at 0
-    assert runs.take(100, 240)[:2] == ([100, 150, 230], 300)    # a record starting below the limit is whole
-    assert runs.take(300, 320)[:2] == ([300], 340)              # stopped inside a run ...
-    assert runs.take(340, 1000)[:2] == ([340], 400)             # ... and went on from there; then the gap
+    assert runs.take(100, 240) == ([100, 150, 230], 300)        # a record starting below the limit is whole
+    assert runs.take(300, 320) == ([300], 340)                  # stopped inside a run ...
+    assert runs.take(340, 1000) == ([340], 400)                 # ... and went on from there; then the gap
     assert runs.take(400, 1000) is None                         # walked
-    assert runs.take(500, 1000)[:2] == ([500, 520], 600)
+    assert runs.take(500, 1000) == ([500, 520], 600)
     assert runs.take(600, 1000) is None
     runs.add([700], 800)
     runs.clear()                                                # a cut
@@ -296,71 +295,7 @@ def test_written_runs_are_bounded():
     for start in range(0, 50, 10):
         runs.add([start], start + 10)
     assert runs.take(0, 100) is None                            # the oldest were dropped: walk them
-    assert runs.take(20, 100)[:2] == ([20, 30, 40], 50)
-
-
-def test_taken_runs_carry_their_indexing_only_when_whole():
-    def indexing(count: int) -> commit_log_module.WrittenIndexing:
-        return commit_log_module.WrittenIndexing("T", [0] * count, list(range(count)), [50] * count, 7, ["k"] * count)
-
-    first, second = indexing(2), indexing(1)
-    runs = commit_log_module.WrittenRuns()
-    runs.add([100, 150], 200, first)
-    runs.add([200], 300, second)
-    runs.add([300, 350], 400)                                   # written without (a replica's chunk)
-    assert runs.take(100, 1000) == ([100, 150, 200], 300, [([100, 150], first), ([200], second)])
-    assert runs.take(300, 1000) == ([300, 350], 400, None)      # parsed, in a take of its own
-    runs.add([400, 450], 500, first)
-    runs.add([500], 600, second)
-    assert runs.take(400, 420) == ([400], 450, None)            # stopped inside a run ...
-    assert runs.take(450, 1000) == ([450], 500, None)           # ... its rest is parsed
-    assert runs.take(500, 1000) == ([500], 600, [([500], second)])
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_dispatch_from_the_writers_indexing_matches_a_walk(open_store, tmp_path, monkeypatch, seed):
-    """Plain batches with UNIQ_KEYs (a producer's) are indexed from what the writer knew;
-    the files are the ones a walk and a parse of the same log build."""
-    store = open_store(commitlog_segment_bytes=64 * 1024)       # rolls inside batches
-    store.dispatcher.stop()
-    rng = random.Random(seed)
-    total = 0
-    for number in range(40):
-        count = rng.choice([4, 5, 16, 64, 100])
-        queue_count = rng.choice([1, 3, 4])
-        start = rng.randrange(queue_count)
-        queue_ids = [(start + index) % queue_count for index in range(count)]   # round robin, as the node
-        kind = rng.choice(["hex", "hex", "lengths", "unicode", "one empty"])
-        uniq_keys = [f"{number:08X}{index:024X}" for index in range(count)]
-        if kind == "lengths":
-            uniq_keys = [key[:rng.randrange(1, 33)] for key in uniq_keys]
-        elif kind == "unicode":
-            uniq_keys[rng.randrange(count)] = "ключ-" + uniq_keys[0][5:]
-        elif kind == "one empty":
-            uniq_keys[rng.randrange(count)] = ""                 # no index key: this batch is parsed
-        bodies = [rng.randbytes(rng.choice([0, 10, 700, 3000])) for _ in range(count)]
-        topic = rng.choice(["T", "%RETRY%group", "Topic-" + "x" * 100])
-        results = store.append(PlainBatch(topic, queue_ids, bodies, [{}] * count, uniq_keys), as_columns=True)
-        results = results.results() if hasattr(results, "results") else results   # a topic's first: one by one
-        assert len(results) == count and all(result.status.ok for result in results)
-        total += count
-    batches = []
-    from_writes = DispatchParser.from_writes
-    monkeypatch.setattr(DispatchParser, "from_writes",
-                        lambda parser, writes: batches.append(len(writes)) or from_writes(parser, writes))
-    built = {}
-    for name in ("from the writer", "walked"):
-        rebuilt = dispatch_afresh(store.commit_log, str(tmp_path / name), 1 << 20)
-        assert rebuilt.count == total
-        assert rebuilt.dispatched_offset == store.commit_log.max_offset
-        built[name] = rebuilt.tree
-        if name == "from the writer":
-            assert sum(batches) > 20                            # most runs came indexed
-            store.commit_log.written_runs.clear()
-            batches.clear()
-    assert batches == []
-    assert built["from the writer"] == built["walked"]
-    store.dispatcher.start()
+    assert runs.take(20, 100) == ([20, 30, 40], 50)
 
 
 def test_dispatch_from_the_writers_offsets_matches_a_walk(open_store, tmp_path, monkeypatch):
