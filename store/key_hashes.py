@@ -17,9 +17,10 @@ def index_key_hashes(prefix_hashes: list[int], keys: list[str]) -> list[int]:
     """``index_key_hash_with_prefix`` of many (prefix hash, key) pairs at once.
 
     The dispatcher hashes two keys per message (KEYS and UNIQ_KEY); one at a time that is
-    about half of its time. ASCII keys are grouped by length and hashed as one matrix
-    product with numpy (the polynomial fits in 64 bits: 255 terms below 2^40 each);
-    anything else takes the scalar path. Same values as the scalar functions, bit for bit.
+    about half of its time. ASCII keys are grouped by length (keys all of one length, a
+    batch's UNIQ_KEYs, without a loop over them) and hashed as one matrix product with
+    numpy (in float64, exact: 255 terms below 2^39 each); anything else takes the scalar
+    path. Same values as the scalar functions, bit for bit.
     """
     if len(keys) < _VECTOR_GROUP_MIN:  # too few for a group: no grouping at all
         return list(map(codec.index_key_hash_with_prefix, prefix_hashes, keys))
