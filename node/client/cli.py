@@ -427,8 +427,9 @@ def status_command(bootstrap, secret, as_json) -> None:
     polling = status.get("busy_poll")
     if polling:
         click.echo(f"  busy polling: {polling['window_us']} us window, {polling['reads']} requests read by "
-                   f"polling, {polling['seconds']:.3f} s spent polling" if polling["window_us"] else
-                   "  busy polling: off")
+                   f"polling, {polling['seconds']:.3f} s spent polling; the loop's waits: "
+                   f"{polling.get('loop_polls', 0)} polled, {polling.get('loop_polls_woken', 0)} ended by I/O, "
+                   f"{polling.get('loop_seconds', 0):.3f} s" if polling["window_us"] else "  busy polling: off")
 
 
 def _clients_line(clients: dict) -> str:

@@ -28,6 +28,12 @@ and no other task waits for it:
 - **Time.** A reader that keeps getting requests by polling still passes through trio's
   scheduler at least every ``YIELD_INTERVAL_S`` (a checkpoint, after which it polls again).
 
+What a reader cannot cover, the loop's own waits do (``poll_loop_waits``, the node's
+setting; ``_LoopWaitPolling``): while the loop is busy with I/O, its wait for the next
+events is polled for up to the same window before it sleeps in epoll. A sync put's reply
+leaves from the task that reads the last slave's ack, after the reader's poll gave way to
+that ack; without this the master slept until the client's next request.
+
 Costs: up to ``busy_poll_us`` of CPU after each request while the loop is otherwise idle.
 A node kept busy by pipelined requests hardly polls (the next request is already there), and
 an idle node never does. ``busy_poll_us: 0`` turns
@@ -60,6 +66,9 @@ log = logging.getLogger(__name__)
 # this often, so the loop's other tasks and timers run.
 YIELD_INTERVAL_S = 0.001
 _DISPATCH_CODE = serve_dispatch.__code__
+# The loop's waits for I/O are polled (``poll_loop_waits``) only within this long of its last
+# I/O events: a node that only its timers wake sleeps at once.
+LOOP_BUSY_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,23 +76,31 @@ class BusyPollStatistics:
     reads: int          # reads that found a request by polling (no epoll sleep, no wake-up)
     polls: int          # polls started
     seconds: float      # time spent polling
+    loop_polls: int = 0          # waits of the idle loop polled before it slept (``poll_loop_waits``)
+    loop_polls_woken: int = 0    # of them, those that I/O ended (the loop did not sleep)
+    loop_seconds: float = 0.0    # time the idle loop spent polling
 
 
 class BusyPoll:
     """One node's busy polling, shared by its connections; make it in the node's trio loop."""
 
-    def __init__(self, window_us: int, idle_work: Callable[[], bool] | None = None) -> None:
+    def __init__(self, window_us: int, idle_work: Callable[[], bool] | None = None, *,
+                 poll_loop_waits: bool = False) -> None:
         """``idle_work`` runs before a poll, once the loop has nothing else to do; it says
-        whether it did anything (it may have woken tasks)."""
+        whether it did anything (it may have woken tasks). With ``poll_loop_waits`` the
+        loop's own waits for I/O are polled too (``_LoopWaitPolling``) until ``close``."""
         self.window_s = window_us / 1e6
         self.idle_work = idle_work
         self._loop: _LoopView | None = None
+        self._loop_waits: _LoopWaitPolling | None = None
         if self.window_s > 0:
             self._loop = _LoopView.of_current_run()
             if self._loop is None:
                 log.warning("busy polling is off: this trio loop's epoll descriptor, run queue or "
                             "deadlines cannot be found")
                 self.window_s = 0.0
+            elif poll_loop_waits:
+                self._loop_waits = _LoopWaitPolling.install(self.window_s)
         self._reads = self._polls = 0
         self._seconds = 0.0
 
@@ -92,7 +109,15 @@ class BusyPoll:
         return self.window_s > 0
 
     def statistics(self) -> BusyPollStatistics:
-        return BusyPollStatistics(self._reads, self._polls, self._seconds)
+        waits = self._loop_waits
+        if waits is None:
+            return BusyPollStatistics(self._reads, self._polls, self._seconds)
+        return BusyPollStatistics(self._reads, self._polls, self._seconds, waits.polls, waits.woken, waits.seconds)
+
+    def close(self) -> None:
+        """The loop's waits for I/O sleep at once again (idempotent)."""
+        if self._loop_waits is not None:
+            self._loop_waits.remove()
 
     def reader(self, stream: trio.SocketStream) -> "PollingReader":
         """The reads of one connection's socket stream, by polling where they may."""
@@ -164,6 +189,92 @@ class PollingReader:
                     return None
         finally:
             busy._seconds += clock() - started
+
+
+class _LoopWaitPolling:
+    """The trio loop's own waits for I/O, polled for up to a window before it sleeps.
+
+    When every task waits, trio sleeps in ``epoll_wait`` until I/O or a timer, and the
+    reader's poll (``PollingReader``) cannot cover that time: a sync put's reply leaves from
+    the task that reads the last slave's ack, after the client connection's reader stopped
+    polling for that ack. The loop then slept until the client's next request, a few tens
+    of microseconds later, and woke on a halted vCPU: on this machine kind about 30 µs from
+    the client's write until the master ran (``perf sched``), one of four such wake-ups on a
+    single send's path. Polling the wait instead (``epoll_wait`` with no timeout, over and
+    over) keeps the master awake between the reply and the next request.
+
+    A wait is polled only while the loop is busy with I/O: when it got I/O events within
+    ``LOOP_BUSY_S``. A quiet node, woken by its own timers only, sleeps at once. A poll
+    ends with the window, at the loop's next deadline, or as soon as any descriptor the loop
+    watches is ready (another connection, a slave's ack, a thread's wake-up), which then
+    costs no wake-up at all.
+
+    How: trio's runner asks its I/O manager for events with ``get_events(timeout)``; the
+    manager's class is swapped for a subclass whose ``get_events`` polls first, and swapped
+    back by ``remove``. Only an epoll manager is polled (trio on Linux).
+    """
+
+    def __init__(self, manager, base: type, window_s: float) -> None:
+        self._manager = manager
+        self._base = base
+        self.window_s = window_s
+        self.io_at = float("-inf")   # when the loop last got I/O events (perf_counter)
+        self.polls = self.woken = 0
+        self.seconds = 0.0
+
+    @classmethod
+    def install(cls, window_s: float) -> "_LoopWaitPolling | None":
+        """Poll the running loop's waits for I/O; None where its I/O manager is not trio's
+        epoll one (or is polled already)."""
+        try:
+            from trio._core._run import GLOBAL_RUN_CONTEXT
+            manager = GLOBAL_RUN_CONTEXT.runner.io_manager
+        except (ImportError, AttributeError):
+            return None
+        base = type(manager)
+        if not isinstance(getattr(manager, "_epoll", None), select.epoll) or \
+                getattr(base, "_polled_by", None) is not None:
+            return None
+        polling = cls(manager, base, window_s)
+        manager.__class__ = type(f"Polled{base.__name__}", (base,), {
+            "__slots__": (), "_polled_by": polling, "get_events": polling._get_events_of(base.get_events)})
+        return polling
+
+    def remove(self) -> None:
+        if type(self._manager) is not self._base:
+            self._manager.__class__ = self._base
+
+    def _get_events_of(self, get_events: Callable):
+        polling = self
+        clock = time.perf_counter
+
+        def polled_get_events(manager, timeout: float):
+            if timeout <= 0:
+                events = get_events(manager, 0)
+                if events:
+                    polling.io_at = clock()
+                return events
+            started = clock()
+            if started - polling.io_at < LOOP_BUSY_S:
+                end = started + min(polling.window_s, timeout)
+                polling.polls += 1
+                while True:
+                    events = get_events(manager, 0)
+                    now = clock()
+                    if events or now >= end:
+                        break
+                polling.seconds += now - started
+                if events:
+                    polling.woken += 1
+                    polling.io_at = now
+                    return events
+                timeout = max(0.0, timeout - (now - started))
+            events = get_events(manager, timeout)
+            if events:
+                polling.io_at = clock()
+            return events
+
+        return polled_get_events
 
 
 class _LoopView:

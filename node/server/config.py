@@ -71,7 +71,8 @@ class NodeConfig:
     client_buffer_bytes_max: int = 256 * 1024 * 1024
     unauthenticated_frame_bytes_max: int = 64 * 1024   # the largest frame read before authentication
     # After a request, a connection's reader polls its socket this long before the loop
-    # sleeps in epoll, while nothing else needs the loop (node/server/busy_poll.py); 0: never.
+    # sleeps in epoll, while nothing else needs the loop, and a loop busy with I/O polls its
+    # own waits as long (node/server/busy_poll.py); 0: never.
     busy_poll_us: int = 200
     auto_create_topics: bool = True            # a send to an unknown topic creates it
     default_queue_count: int = 4               # queues of a topic created without a count

@@ -118,6 +118,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
     in_loop = LoopCaller()
     listener = None
     sys_config: SysConfig | None = None
+    busy_poll: BusyPoll | None = None
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(serve_dispatch, store.dispatcher)
@@ -148,7 +149,7 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             integrity = IntegrityGuard(store, Repairer(store, ha.repair_peers, secret=config.secret))
             metrics.registry.register(IntegrityCollector(config.node_id, integrity))
             counts = ConnectionCounts()
-            busy_poll = BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher))
+            busy_poll = BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher), poll_loop_waits=True)
             status = StatusSources(client_address, ha_address, metrics_address, config.busy_poll_us, counts,
                                    busy_poll, advertised=(advertised_client, advertised_ha),
                                    replication=lag.replication_status,
@@ -186,6 +187,8 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             nursery.start_soon(_persist_config_periodically, sys_config, config.config_persist_interval_ms)
             task_status.started(node)
     finally:
+        if busy_poll is not None:
+            busy_poll.close()
         with trio.CancelScope(shield=True):
             for ha_listener in ha_listeners:
                 await ha_listener.aclose()
@@ -217,7 +220,9 @@ class StatusSources:
         advertised = self.advertised or (self.client_address, self.ha_address)
         return {"connections": self.counts.open, "clients": self.counts.status(),
                 "busy_poll": {"window_us": self.busy_poll_us if self.busy_poll.enabled else 0,
-                              "reads": polled.reads, "seconds": round(polled.seconds, 6)},
+                              "reads": polled.reads, "seconds": round(polled.seconds, 6),
+                              "loop_polls": polled.loop_polls, "loop_polls_woken": polled.loop_polls_woken,
+                              "loop_seconds": round(polled.loop_seconds, 6)},
                 "client_address": self.client_address, "ha_address": self.ha_address,
                 "metrics_address": self.metrics_address, "advertised_client_address": advertised[0],
                 "advertised_ha_address": advertised[1], "replication": self.replication(),

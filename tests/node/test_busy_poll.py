@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from node.server.busy_poll import YIELD_INTERVAL_S, BusyPoll, _LoopView
+from node.server.busy_poll import LOOP_BUSY_S, YIELD_INTERVAL_S, BusyPoll, _LoopView
 from node.server.dispatch_loop import idle_pass, serve_dispatch
 from store import Message, MessageStore, StoreConfig
 from node.client import SyncAdmin, SyncProducer
@@ -240,10 +240,12 @@ def test_a_node_reads_a_one_at_a_time_client_by_polling_and_reports_it(node_proc
         assert shown.returncode == 0, shown.stderr
         if polled:
             assert status["window_us"] == 10_000 and status["reads"] >= 1 and status["seconds"] > 0
+            assert 0 <= status["loop_polls_woken"] <= status["loop_polls"]
             shown_reads = re.search(r"busy polling: 10000 us window, (\d+) requests read by polling", shown.stdout)
             assert shown_reads and int(shown_reads[1]) >= status["reads"]   # its own request may add one
         else:
-            assert status == {"window_us": 0, "reads": 0, "seconds": 0}
+            assert status == {"window_us": 0, "reads": 0, "seconds": 0, "loop_polls": 0, "loop_polls_woken": 0,
+                              "loop_seconds": 0}
             assert "busy polling: off" in shown.stdout
 
 
@@ -259,3 +261,95 @@ async def test_the_loop_view_reads_what_trio_reports():
             assert view.runnable() == statistics.tasks_runnable == 3
             assert abs(view.seconds_to_next_deadline() - statistics.seconds_to_next_deadline) < 0.5
             assert 25 < view.seconds_to_next_deadline() <= 30
+
+
+# --- the loop's own waits (poll_loop_waits) ---------------------------------------------------
+async def _some_io(ours: socket.socket, theirs: socket.socket) -> None:
+    """I/O the loop waits for and gets: it is busy with I/O now."""
+    theirs.sendall(b"i")
+    await trio.lowlevel.wait_readable(ours)
+    assert ours.recv(16) == b"i"
+
+
+@pytest.fixture
+def plain_pair():
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    with ours, theirs:
+        yield ours, theirs
+
+
+@pytest.mark.trio
+async def test_a_busy_loop_polls_its_wait_and_io_ends_the_poll_without_a_sleep(plain_pair):
+    ours, theirs = plain_pair
+    busy = BusyPoll(LONG_US, poll_loop_waits=True)
+    try:
+        await _some_io(ours, theirs)
+        threading.Timer(0.05, theirs.sendall, (b"late",)).start()
+        started = time.perf_counter()
+        await trio.lowlevel.wait_readable(ours)   # every task waits: the loop's wait is polled
+        assert time.perf_counter() - started < 2
+        assert ours.recv(16) == b"late"
+        statistics = busy.statistics()
+        assert statistics.loop_polls_woken >= 1 and statistics.loop_polls >= statistics.loop_polls_woken
+        assert statistics.loop_seconds >= 0.03
+    finally:
+        busy.close()
+
+
+@pytest.mark.trio
+async def test_a_polled_wait_ends_at_the_loops_next_deadline(plain_pair):
+    ours, theirs = plain_pair
+    busy = BusyPoll(LONG_US, poll_loop_waits=True)
+    try:
+        await _some_io(ours, theirs)
+        started = time.perf_counter()
+        await trio.sleep(0.05)                    # a timer, no I/O: the poll gives way to it
+        assert 0.04 <= time.perf_counter() - started < 2
+        statistics = busy.statistics()
+        assert statistics.loop_polls >= 1 and statistics.loop_polls_woken == 0
+    finally:
+        busy.close()
+
+
+@pytest.mark.trio
+async def test_a_loop_without_io_sleeps_in_its_waits_at_once(plain_pair):
+    ours, theirs = plain_pair
+    busy = BusyPoll(LONG_US, poll_loop_waits=True)
+    try:
+        await trio.sleep(LOOP_BUSY_S * 2)         # no I/O yet, and none since long enough
+        before = busy.statistics().loop_polls
+        for _ in range(3):
+            await trio.sleep(0.01)
+        assert busy.statistics().loop_polls == before
+    finally:
+        busy.close()
+
+
+@pytest.mark.trio
+async def test_loop_wait_polling_is_removed_by_close_and_installed_once():
+    from trio._core._run import GLOBAL_RUN_CONTEXT
+    manager = GLOBAL_RUN_CONTEXT.runner.io_manager
+    original = type(manager)
+    first = BusyPoll(LONG_US, poll_loop_waits=True)
+    second = BusyPoll(LONG_US, poll_loop_waits=True)   # the loop's waits are polled already: not again
+    try:
+        assert type(manager) is not original and isinstance(manager, original)
+        assert second._loop_waits is None
+    finally:
+        second.close()
+        first.close()
+        first.close()
+    assert type(manager) is original
+    await trio.sleep(0)   # the loop runs on as before
+
+
+@pytest.mark.trio
+async def test_busy_polling_off_leaves_the_loops_waits_alone():
+    from trio._core._run import GLOBAL_RUN_CONTEXT
+    manager = GLOBAL_RUN_CONTEXT.runner.io_manager
+    original = type(manager)
+    busy = BusyPoll(0, poll_loop_waits=True)
+    assert type(manager) is original
+    assert busy.statistics().loop_polls == 0
+    busy.close()
