@@ -204,7 +204,12 @@ class _LoopWaitPolling:
     over) keeps the master awake between the reply and the next request.
 
     A wait is polled only while the loop is busy with I/O: when it got I/O events within
-    ``LOOP_BUSY_S``. A quiet node, woken by its own timers only, sleeps at once. A poll
+    ``LOOP_BUSY_S``. A quiet node, woken by its own timers only, sleeps at once; so does a
+    slave whose follow thread (replication/follow_thread.py) does the streaming and only
+    wakes the loop now and then: a wake-up from another thread (trio's wake-up sockets) is
+    not I/O here. Counted as I/O, a slave's loop polled after each wake its follow thread
+    sent, taking the GIL back over and over from that thread: with one wake a frame, each
+    slave's loop thread took 37 % of a core. A poll
     ends with the window, at the loop's next deadline, or as soon as any descriptor the loop
     watches is ready (another connection, a slave's ack, a thread's wake-up), which then
     costs no wake-up at all.
@@ -228,7 +233,11 @@ class _LoopWaitPolling:
         epoll one (or is polled already)."""
         try:
             from trio._core._run import GLOBAL_RUN_CONTEXT
-            manager = GLOBAL_RUN_CONTEXT.runner.io_manager
+            runner = GLOBAL_RUN_CONTEXT.runner
+            manager = runner.io_manager
+            # the loop's wake-ups from other threads: its I/O manager's own, and the one
+            # behind TrioToken.run_sync_soon (trio.to_thread's results, a follow thread's news)
+            wakeup_fds = frozenset((manager._force_wakeup_fd, runner.entry_queue.wakeup.wakeup_sock.fileno()))
         except (ImportError, AttributeError):
             return None
         base = type(manager)
@@ -237,21 +246,28 @@ class _LoopWaitPolling:
             return None
         polling = cls(manager, base, window_s)
         manager.__class__ = type(f"Polled{base.__name__}", (base,), {
-            "__slots__": (), "_polled_by": polling, "get_events": polling._get_events_of(base.get_events)})
+            "__slots__": (), "_polled_by": polling,
+            "get_events": polling._get_events_of(base.get_events, wakeup_fds)})
         return polling
 
     def remove(self) -> None:
         if type(self._manager) is not self._base:
             self._manager.__class__ = self._base
 
-    def _get_events_of(self, get_events: Callable):
+    def _get_events_of(self, get_events: Callable, wakeup_fds: frozenset):
         polling = self
         clock = time.perf_counter
+
+        def is_io(events) -> bool:
+            """Whether ``events`` (fd, flags) hold I/O, not only a wake-up from a thread."""
+            if len(events) == 1:
+                return events[0][0] not in wakeup_fds
+            return any(fd not in wakeup_fds for fd, _ in events)
 
         def polled_get_events(manager, timeout: float):
             if timeout <= 0:
                 events = get_events(manager, 0)
-                if events:
+                if events and is_io(events):
                     polling.io_at = clock()
                 return events
             started = clock()
@@ -266,11 +282,12 @@ class _LoopWaitPolling:
                 polling.seconds += now - started
                 if events:
                     polling.woken += 1
-                    polling.io_at = now
+                    if is_io(events):
+                        polling.io_at = now
                     return events
                 timeout = max(0.0, timeout - (now - started))
             events = get_events(manager, timeout)
-            if events:
+            if events and is_io(events):
                 polling.io_at = clock()
             return events
 

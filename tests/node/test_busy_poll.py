@@ -353,3 +353,18 @@ async def test_busy_polling_off_leaves_the_loops_waits_alone():
     assert type(manager) is original
     assert busy.statistics().loop_polls == 0
     busy.close()
+
+
+@pytest.mark.trio
+async def test_a_wake_up_from_another_thread_is_not_io_and_its_loop_sleeps_at_once():
+    # a slave's follow thread wakes its loop now and then: that loop must not poll after it
+    busy = BusyPoll(LONG_US, poll_loop_waits=True)
+    try:
+        await trio.sleep(LOOP_BUSY_S * 2)
+        before = busy.statistics().loop_polls
+        for _ in range(3):
+            await trio.to_thread.run_sync(time.sleep, 0.001)   # its result comes back by run_sync_soon
+            await trio.sleep(0.005)
+        assert busy.statistics().loop_polls == before
+    finally:
+        busy.close()
