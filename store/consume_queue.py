@@ -53,7 +53,8 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = os.path.join(root, topic, str(queue_id))
-        self.files = MappedFileQueue(self.directory, entries_per_file * ENTRY_BYTES)
+        # written an entry at a time from empty: no read-around on a new file's first fault
+        self.files = MappedFileQueue(self.directory, entries_per_file * ENTRY_BYTES, fault_around_created=False)
         self.min_offset = 0           # first valid queue offset
         self.max_offset = 0           # one past the last entry
         self.dirty: set = set()       # files written since the last flush

@@ -153,9 +153,14 @@ class _Preallocator:
 class MappedFileQueue:
     """Equal-size mapped files in a directory, addressed by global offset."""
 
-    def __init__(self, directory: str, file_size: int, *, preallocate: bool = False) -> None:
+    def __init__(self, directory: str, file_size: int, *, preallocate: bool = False,
+                 fault_around_created: bool = True) -> None:
+        """``fault_around_created=False``: the files this queue creates are mapped with
+        ``fault_around=False`` (``MappedFile``); files loaded from disk keep the kernel's
+        read-around, which a reader catching up from cold pages wants."""
         self.directory = directory
         self.file_size = file_size
+        self._fault_around_created = fault_around_created
         self.files: list[MappedFile] = []
         self._preallocator: _Preallocator | None = None
         self._preallocate = preallocate
@@ -245,7 +250,7 @@ class MappedFileQueue:
     def create_file(self, start_offset: int) -> MappedFile:
         invariant(start_offset % self.file_size == 0, f"unaligned file start {start_offset}")
         path = os.path.join(self.directory, file_name(start_offset))
-        return MappedFile(path, start_offset, self.file_size, create=True)
+        return MappedFile(path, start_offset, self.file_size, create=True, fault_around=self._fault_around_created)
 
     # --- addressing ---------------------------------------------------------------------
     @property
