@@ -30,6 +30,9 @@ class StoreConfig:
     # Flush: "sync" (group commit, put returns once on disk) or "async" (interval).
     flush: str = "async"
     flush_interval_ms: int = 500
+    # async: also flush as soon as this much is written and not on disk (0: only the
+    # interval), so a burst never leaves hundreds of MB for one fdatasync (store/flush.py)
+    flush_dirty_bytes_max: int = 16 * 1024 * 1024
     sync_flush_timeout_ms: int = 5000
     checkpoint_interval_ms: int = 1000
     # ConsumeQueue and IndexFile
@@ -86,6 +89,8 @@ class StoreConfig:
                      "retention_check_interval_ms", "dispatch_batch_bytes_max"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive")
+        if self.flush_dirty_bytes_max < 0:
+            problems.append("flush_dirty_bytes_max must be 0 (only the interval) or more")
         if not 0 <= self.dispatch_interval_ms <= 1000:
             problems.append("dispatch_interval_ms must be between 0 and 1000")
         if self.disk_full_policy not in ("delete_oldest", "refuse_writes"):

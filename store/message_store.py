@@ -132,7 +132,8 @@ class MessageStore:
                                         sync=self.config.flush == "sync",
                                         flush_interval_ms=self.config.flush_interval_ms,
                                         checkpoint_interval_ms=self.config.checkpoint_interval_ms,
-                                        confirm_offset=lambda: replica_log.confirm_offset)
+                                        confirm_offset=lambda: replica_log.confirm_offset,
+                                        dirty_bytes_max=self.config.flush_dirty_bytes_max)
             self.retention = Retention(self.commit_log, self.queues, self.index, self.dispatcher, self.root,
                                        file_reserved_hours=self.config.file_reserved_hours,
                                        disk_max_used_ratio=self.config.disk_max_used_ratio,
@@ -264,6 +265,7 @@ class MessageStore:
         else:
             results = self._append_each(batch.messages() if type(batch) is PlainBatch else batch)
         self._wake_dispatcher()
+        self.flusher.written()
         return results
 
     def _wake_dispatcher(self) -> None:

@@ -331,6 +331,8 @@ class ReplicaLog:
         end = commit_log.max_offset
         if self._sync_flush:
             self._flusher.request(end)
+        else:
+            self._flusher.written()
         return end
 
     def wake_dispatch(self) -> None:

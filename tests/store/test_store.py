@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from store import GetStatus, Message, MessageNotFound, MessageStore, PutStatus, StoreCorruptError
+from store import GetStatus, Message, MessageNotFound, MessageStore, PutStatus, StoreConfig, StoreCorruptError
+from store.errors import StoreConfigError
 from store import codec
 from store_helpers import SteppedClock, make_config, pull_all, read_cq_entries, same_message, scan_commit_log, segment_files
 
@@ -179,6 +180,51 @@ def test_async_flush_catches_up(open_store):
     result = store.put(Message(topic="T", body=b"x"))
     assert store.wait_flushed(result.end_offset, 5000)
     assert store.commit_log.flushed_offset >= result.end_offset
+
+
+def _wait_flushed_to(store, offset: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while store.commit_log.flushed_offset < offset:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_async_flush_runs_once_flush_dirty_bytes_max_waits_for_the_disk(open_store):
+    # the interval alone would not flush within the test
+    store = open_store(flush="async", flush_interval_ms=600_000, flush_dirty_bytes_max=64 * 1024)
+    flushed_at_start = store.commit_log.flushed_offset
+    first = store.put_batch([Message(topic="T", body=b"x" * 1000) for _ in range(20)])   # ~21 KB: under
+    time.sleep(0.1)
+    assert store.commit_log.flushed_offset == flushed_at_start < first[-1].end_offset
+    results = store.put_batch([Message(topic="T", body=b"y" * 1000) for _ in range(60)])  # past 64 KiB
+    assert _wait_flushed_to(store, results[-1].end_offset)
+
+
+def test_async_flush_with_no_dirty_bound_waits_for_its_interval(open_store):
+    store = open_store(flush="async", flush_interval_ms=600_000, flush_dirty_bytes_max=0)
+    flushed_at_start = store.commit_log.flushed_offset
+    store.put_batch([Message(topic="T", body=b"x" * 1000) for _ in range(300)])
+    time.sleep(0.2)
+    assert store.commit_log.flushed_offset == flushed_at_start
+
+
+def test_a_replica_logs_async_flush_runs_once_flush_dirty_bytes_max_waits(open_store):
+    master = open_store()
+    master.put_batch([Message(topic="T", body=b"z" * 1000) for _ in range(100)])
+    replica = open_store(flush="async", flush_interval_ms=600_000, flush_dirty_bytes_max=64 * 1024)
+    end = 0
+    while end < master.max_physical_offset:
+        chunk = master.replica_log.read(end, 32 * 1024)
+        end = replica.replica_log.append(end, chunk)
+    assert end == master.max_physical_offset > 64 * 1024
+    assert _wait_flushed_to(replica, end - 64 * 1024)   # at least what was past the bound once
+
+
+def test_flush_dirty_bytes_max_may_not_be_negative():
+    with pytest.raises(StoreConfigError, match="flush_dirty_bytes_max"):
+        StoreConfig(store_path="/tmp/x", flush_dirty_bytes_max=-1)
 
 
 # --- offset by time -------------------------------------------------------------------------
