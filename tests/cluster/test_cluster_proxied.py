@@ -153,8 +153,10 @@ def test_a_proxied_cluster_routes_every_link_through_its_own_proxy(cluster_dir, 
     restarted = LocalCluster(cluster_dir)
     assert restarted.pid("toxiproxy") not in (None, server_pid)
     assert all(proxy["present"] and proxy["enabled"] for proxy in restarted.proxy_listing())
-    new = restarted.current_master("g1").node_id
-    assert node_status(listen[f"client_to_{new}"])["role"] == "master"
+    # the controller's record names the master before that node has taken the role (or, just
+    # after the start, still names the one before `down`): until the node it names serves as master
+    wait_until("the recorded master serving as master through its proxy", lambda: node_status(
+        listen[f"client_to_{restarted.wait_for_master('g1', WAIT_S).node_id}"])["role"] == "master")
     assert os.path.exists(os.path.join(cluster_dir, "toxiproxy", "toxiproxy.log"))
 
 
