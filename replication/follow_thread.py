@@ -25,9 +25,8 @@ no deadline moved per frame) ends the session.
 
 The thread also indexes what it appended (the store's dispatch: ConsumeQueue and
 IndexFile) at the first point where it would otherwise wait for the socket once the first
-frame not yet indexed is ``DISPATCH_DELAY_S`` (1 ms) old, or ``DISPATCH_DELAY_STREAMING_S``
-(10 ms) after a pass that found a batched load's stream waiting: after the ack of the
-frames it has, never between a frame and its ack. It first gives way to any thread waiting for its
+frame not yet indexed is ``DISPATCH_DELAY_S`` (1 ms) old: after the ack of the frames it
+has, never between a frame and its ack. It first gives way to any thread waiting for its
 CPU (``sched_yield``): on a 2-core machine the other slave's follow thread often waits
 there for the frame of the same put, whose ack the master waits for too. Passes are
 bounded (``DISPATCH_PASS_BYTES``): behind by more, it runs one at each such point while
@@ -95,11 +94,6 @@ DISPATCH_PASS_BYTES = 1024 * 1024
 # frames wait this long for a pass after the first of them, so the frames of that time
 # share its fixed cost (~18 µs); while they wait, a quiet socket wakes the thread this often
 DISPATCH_DELAY_S = 0.001
-# ... or this long after a pass that found this many bytes waiting (a batched load's
-# stream): larger passes cost less a record (each slave 1.05 -> 1.4 µs a batched message
-# with passes of a millisecond's ~200 KB)
-DISPATCH_DELAY_STREAMING_S = 0.010
-STREAMING_PASS_BYTES = 128 * 1024
 # A frame is appended with the pages ahead read in on the store's own thread (read_ahead)
 # only while the master's log runs further ahead than this: catching up, megabytes at a
 # time, where that thread keeps the allocation off this one. A slave that keeps up lets its
@@ -145,11 +139,8 @@ class FollowThread:
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         self._readable = poller.poll     # _readable(0): bytes wait in the socket
-        # when the frames appended and not yet indexed are due for a pass (None: none wait),
-        # where the first of them starts, and how long frames wait for their pass now
+        # when the frames appended and not yet indexed are due for a pass (None: none wait)
         self._dispatch_due: float | None = None
-        self._undispatched_from = 0
-        self._dispatch_delay_s = DISPATCH_DELAY_S
         # news for the loop held back by news_interval_ms: when it is due (None: none held)
         self._news_due: float | None = None
         self._told_at = float("-inf")
@@ -235,8 +226,7 @@ class FollowThread:
             self.received_bytes += size
             self.frames += 1
             if self._dispatch_due is None:
-                self._dispatch_due = self.clock() + self._dispatch_delay_s
-                self._undispatched_from = offset
+                self._dispatch_due = self.clock() + DISPATCH_DELAY_S
             self._publish_confirm_offset()
             unacked += 1
             if unacked >= ACK_FRAMES_MAX:
@@ -271,8 +261,6 @@ class FollowThread:
         socket, after giving way to any thread that waits for this CPU: one when frames keep
         coming (the next at the next wait, if it is behind by more than a pass), back to
         back when the socket is quiet."""
-        streaming = self.store.max_offset - self._undispatched_from >= STREAMING_PASS_BYTES
-        self._dispatch_delay_s = DISPATCH_DELAY_STREAMING_S if streaming else DISPATCH_DELAY_S
         os.sched_yield()
         while True:
             done = self.store.dispatch_now(DISPATCH_PASS_BYTES)

@@ -377,24 +377,3 @@ def test_frames_are_indexed_at_once_and_the_loop_told_at_most_once_an_interval(o
     end = pieces[-1][0] + len(pieces[-1][1])
     wait_until(lambda: slave.dispatcher.dispatched_offset == end, "the last frames indexed")
     assert follower.passes >= 4
-
-
-def test_after_a_pass_over_a_streams_worth_frames_wait_longer_for_the_next(open_store, session_of):
-    master = open_store("master")
-    slave = open_store("slave", dispatcher_thread=False)
-    put(master, 400, body_bytes=1000)
-    (offset, data), = chunks(master, 1, 200_000)   # one frame: the first pass finds it all waiting
-    assert len(data) >= follow_thread.STREAMING_PASS_BYTES
-    session = session_of(slave)
-    follower = session.follower
-    session.master.sendall(frame(offset, data))
-    end = offset + len(data)
-    assert session.acks_until(end)[-1] == end
-    wait_until(lambda: slave.dispatcher.dispatched_offset == end, "the first pass")
-    assert follower._dispatch_delay_s == follow_thread.DISPATCH_DELAY_STREAMING_S
-    # a small frame after it: indexed all the same, and the short delay is back
-    small = master.replica_log.read(end, 5_000)
-    session.master.sendall(frame(end, small))
-    assert session.acks_until(end + len(small))[-1] == end + len(small)
-    wait_until(lambda: slave.dispatcher.dispatched_offset == end + len(small), "the small frame's pass")
-    assert follower._dispatch_delay_s == follow_thread.DISPATCH_DELAY_S
