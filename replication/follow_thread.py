@@ -53,11 +53,11 @@ dispatched, so the confirm offset moving sooner would wake them for nothing), or
 when every frame is indexed already; at most once every ``news_interval_ms``, as a wake of
 the loop costs the slave about 35 µs of CPU (told a frame: each slave 49 -> 82 µs a
 send, p50 212 -> 265 µs). The thread tells the loop (``signal``) once until the loop
-re-arms it. While a pass waits, the socket's timeout is the dispatch delay, and while only
-news does, the interval: a socket that went quiet still gets them (news at most twice the
-interval late). A pass that cannot run now (another thread's is under way, or the
-dispatcher is stopped or failed) is tried again a delay later; frames a session leaves
-unindexed when it ends are the loop's (``undispatched``). The store is thread-safe for
+re-arms it. While news or a pass wait, the socket's timeout is the interval, so a socket
+that went quiet still gets them, at most twice the interval late. A pass that cannot run
+now (another thread's is under way, or the dispatcher is stopped or failed) is tried again
+an interval later; frames a session leaves unindexed when it ends are the loop's
+(``undispatched``). The store is thread-safe for
 this, as it is for its own dispatcher thread: appends take the commit log's write lock, the
 dispatch pass its own, and dispatch listeners hand over to the loop from any thread.
 
