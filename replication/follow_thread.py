@@ -24,13 +24,12 @@ every ``ack_interval_ms``. Silence of ``read_timeout_ms`` (no byte at all: a soc
 no deadline moved per frame) ends the session.
 
 The thread also indexes what it appended (the store's dispatch: ConsumeQueue and
-IndexFile) at the first point where it would otherwise wait for the socket once the first
-frame not yet indexed is ``DISPATCH_DELAY_S`` (1 ms) old: after the ack of the frames it
-has, never between a frame and its ack. It first gives way to any thread waiting for its
-CPU (``sched_yield``): on a 2-core machine the other slave's follow thread often waits
-there for the frame of the same put, whose ack the master waits for too. Passes are
-bounded (``DISPATCH_PASS_BYTES``): behind by more, it runs one at each such point while
-frames keep coming, and back to back while the socket is quiet.
+IndexFile) at the first point where it would otherwise wait for the socket: after the ack
+of the frames it has, never between a frame and its ack. It first gives way to any thread
+waiting for its CPU (``sched_yield``): on a 2-core machine the other slave's follow thread
+often waits there for the frame of the same put, whose ack the master waits for too.
+Passes are bounded (``DISPATCH_PASS_BYTES``): behind by more, it runs one at each such
+point while frames keep coming, and back to back while the socket is quiet.
 
 Before, frames waited ``dispatch_delay_ms`` (50) after the first of them, so that the
 frames of that time shared one pass: the pass (0.4-0.6 ms for the ~250 one-message frames
@@ -40,10 +39,6 @@ slaves, with blocks of 100 sends apart (as ``hastore bench replicate`` runs them
 the slowest 1 % overlapped both slaves' passes. A pass a frame costs each slave ~20 µs of
 CPU more a one-message frame (31 -> ~50 µs a send) and took the p50 from 193-209 to 220 µs
 without the yield, 193-195 with it; p99 751-886 -> 516-568 µs (alternated probe runs).
-Under batched sends the thread reaches a wait point every ~40 records, and a pass at each
-cost each slave 1.2 -> 1.5-1.65 µs a message: the millisecond's wait lets ~160 records
-share one (1.3), and a one-at-a-time stream's ~5 frames (~26 µs), done before the next
-frame comes.
 Before that, the loop's thread ran these passes at its own time, holding the GIL while the
 next send's frame waited.
 
@@ -91,9 +86,6 @@ ACK_FRAMES_MAX = 4
 # the log indexed at most in one pass between frames (as a node's loop passes: about a
 # millisecond of work for 1 KiB messages)
 DISPATCH_PASS_BYTES = 1024 * 1024
-# frames wait this long for a pass after the first of them, so the frames of that time
-# share its fixed cost (~18 µs); while they wait, a quiet socket wakes the thread this often
-DISPATCH_DELAY_S = 0.001
 # A frame is appended with the pages ahead read in on the store's own thread (read_ahead)
 # only while the master's log runs further ahead than this: catching up, megabytes at a
 # time, where that thread keeps the allocation off this one. A slave that keeps up lets its
@@ -226,7 +218,7 @@ class FollowThread:
             self.received_bytes += size
             self.frames += 1
             if self._dispatch_due is None:
-                self._dispatch_due = self.clock() + DISPATCH_DELAY_S
+                self._dispatch_due = 0.0   # at the next point where the thread would wait
             self._publish_confirm_offset()
             unacked += 1
             if unacked >= ACK_FRAMES_MAX:
@@ -267,7 +259,7 @@ class FollowThread:
             self.passes += 1
             now = self.clock()
             if done is None:   # no pass could run now (another thread's is under way): later
-                self._dispatch_due = now + DISPATCH_DELAY_S
+                self._dispatch_due = now + self.news_interval_s
             else:
                 self._dispatch_due = None if done else now
             if self._dispatch_due is None or self._dispatch_due > now or self._readable(0):
@@ -309,9 +301,9 @@ class FollowThread:
                     self._dispatch()
                 if self._news_due is not None and self.clock() >= self._news_due:
                     self._tell_loop()
-                due_s = self._due_timeout_s()
-                if due_s is not None and self._timeout_s > due_s:
-                    self._set_timeout(due_s)   # a quiet socket wakes it for them
+                if (self._dispatch_due is not None or self._news_due is not None) and \
+                        self._timeout_s > self.news_interval_s:
+                    self._set_timeout(self.news_interval_s)   # a quiet socket wakes it for them
             try:
                 got = sock.recv_into(target)
             except TimeoutError:
@@ -333,21 +325,13 @@ class FollowThread:
                 self._set_timeout(steady_s)
             return got
 
-    def _due_timeout_s(self) -> float | None:
-        """How often a quiet socket must wake the thread for what waits: the dispatch delay
-        while frames wait for a pass, the news interval while only news for the loop does
-        (so they are at most twice that late), or None."""
-        if self._dispatch_due is not None:
-            return DISPATCH_DELAY_S
-        if self._news_due is not None:
-            return self.news_interval_s
-        return None
-
     def _steady_timeout_s(self) -> float:
-        """The socket's timeout between frames: ``_wait_s``, or shorter while a pass or news
-        for the loop waits (``_due_timeout_s``)."""
-        due_s = self._due_timeout_s()
-        return self._wait_s if due_s is None or due_s >= self._wait_s else due_s
+        """The socket's timeout between frames: ``_wait_s``, or the news interval while
+        frames wait for a pass or news for the loop, so a quiet socket still gets them (at
+        most twice the interval late)."""
+        if (self._dispatch_due is not None or self._news_due is not None) and self.news_interval_s < self._wait_s:
+            return self.news_interval_s
+        return self._wait_s
 
     def _set_timeout(self, seconds: float) -> None:
         """The socket's timeout (a system call each time: only when it changes)."""
