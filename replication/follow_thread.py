@@ -2,7 +2,7 @@
 
     follower = FollowThread(store, epoch_file, welcome.epochs, thread_socket(stream),
                             reader.take_buffered(), read_timeout_ms=..., ack_interval_ms=...,
-                            news_interval_ms=..., master_max_offset=..., signal=...)
+                            dispatch_delay_ms=..., master_max_offset=..., signal=...)
     await trio.to_thread.run_sync(follower.run, abandon_on_cancel=False)   # until it fails
     follower.stop()              # from the loop, on cancellation: the thread leaves
 
@@ -24,35 +24,28 @@ every ``ack_interval_ms``. Silence of ``read_timeout_ms`` (no byte at all: a soc
 no deadline moved per frame) ends the session.
 
 The thread also indexes what it appended (the store's dispatch: ConsumeQueue and
-IndexFile) at the first point where it would otherwise wait for the socket: after the ack
-of the frames it has, never between a frame and its ack. It first gives way to any thread
-waiting for its CPU (``sched_yield``): on a 2-core machine the other slave's follow thread
-often waits there for the frame of the same put, whose ack the master waits for too.
-Passes are bounded (``DISPATCH_PASS_BYTES``): behind by more, it runs one at each such
-point while frames keep coming, and back to back while the socket is quiet.
-
-Before, frames waited ``dispatch_delay_ms`` (50) after the first of them, so that the
-frames of that time shared one pass: the pass (0.4-0.6 ms for the ~250 one-message frames
-of a delay) then held this thread and a CPU while the next sends' frames came in, and both
-slaves' passes fell on the same sends. One send at a time to a master with two all-ack
-slaves, with blocks of 100 sends apart (as ``hastore bench replicate`` runs them): most of
-the slowest 1 % overlapped both slaves' passes. A pass a frame costs each slave ~20 µs of
-CPU more a one-message frame (31 -> ~50 µs a send) and took the p50 from 193-209 to 220 µs
-without the yield, 193-195 with it; p99 751-886 -> 516-568 µs (alternated probe runs).
-Before that, the loop's thread ran these passes at its own time, holding the GIL while the
-next send's frame waited.
+IndexFile), ``dispatch_delay_ms`` after the first frame not yet indexed, so the frames of
+that time share one pass, and only at a point where it would otherwise wait for the
+socket: after the ack of the frames it has, never between a frame and its ack. While
+frames wait for a pass the socket's timeout is the delay, so a socket that went quiet
+still gets theirs, at most twice the delay after the first of them. Passes are bounded
+(``DISPATCH_PASS_BYTES``): behind by more, it runs one at each such point while frames
+keep coming, and back to back while the socket is quiet. Before, the loop's thread ran
+these passes at its own time, and a pass (about a millisecond for the 50 one-message
+frames of a delay, cold) held the GIL while the next send's frame waited: the slaves'
+passes every 50 ms were a quarter of the single-send p99 (no pass at all: p99 2.5 -> 1.8
+and 3.1 -> 2.3 ms). Measured on the 2-core machine (a master with two all-ack slaves,
+11 alternated 8 s runs of one-at-a-time sends): p99 lower in 9 of 11 pairs (8 by over
+1 %), median pair -11 % (medians 3.03 -> 2.69 ms); p50, batched msgs/s and the slaves'
+CPU unchanged within the noise.
 
 What stays on the loop's thread: ``on_confirm_advanced``, told after the pass that indexed
 the frames the confirm offset covers (readers on a slave see a message once it is
 dispatched, so the confirm offset moving sooner would wake them for nothing), or at once
-when every frame is indexed already; at most once every ``news_interval_ms``, as a wake of
-the loop costs the slave about 35 µs of CPU (told a frame: each slave 49 -> 82 µs a
-send, p50 212 -> 265 µs). The thread tells the loop (``signal``) once until the loop
-re-arms it. While news or a pass wait, the socket's timeout is the interval, so a socket
-that went quiet still gets them, at most twice the interval late. A pass that cannot run
-now (another thread's is under way, or the dispatcher is stopped or failed) is tried again
-an interval later; frames a session leaves unindexed when it ends are the loop's
-(``undispatched``). The store is thread-safe for
+when every frame is indexed already. The thread tells the loop (``signal``) once until the
+loop re-arms it. A pass that cannot run now (another thread's is under way, or the
+dispatcher is stopped or failed) is tried again a delay later; frames a session leaves
+unindexed when it ends are the loop's (``undispatched``). The store is thread-safe for
 this, as it is for its own dispatcher thread: appends take the commit log's write lock, the
 dispatch pass its own, and dispatch listeners hand over to the loop from any thread.
 
@@ -106,7 +99,7 @@ class FollowThread:
     """One session's frames, read, checked, appended and acked on a thread of its own."""
 
     def __init__(self, store: ReplicaStore, epoch_file: EpochFile, master_epochs, sock: socket.socket,
-                 buffered: bytes, *, read_timeout_ms: int, ack_interval_ms: int, news_interval_ms: int,
+                 buffered: bytes, *, read_timeout_ms: int, ack_interval_ms: int, dispatch_delay_ms: int,
                  master_max_offset: int, signal: Callable[[], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``buffered``: what the handshake's reader received past the WELCOME. ``signal``
@@ -121,7 +114,7 @@ class FollowThread:
         self.sock = sock
         self.read_timeout_s = read_timeout_ms / 1000
         self.ack_interval_s = ack_interval_ms / 1000
-        self.news_interval_s = news_interval_ms / 1000
+        self.dispatch_delay_s = dispatch_delay_ms / 1000
         self.signal = signal
         self.clock = clock
         # a wait on the socket ends at least this often (for the idle ack and the read timeout)
@@ -133,9 +126,6 @@ class FollowThread:
         self._readable = poller.poll     # _readable(0): bytes wait in the socket
         # when the frames appended and not yet indexed are due for a pass (None: none wait)
         self._dispatch_due: float | None = None
-        # news for the loop held back by news_interval_ms: when it is due (None: none held)
-        self._news_due: float | None = None
-        self._told_at = float("-inf")
         self._view = memoryview(bytearray(RECEIVE_BUFFER_BYTES))
         self._view[:len(buffered)] = buffered
         self._start = 0
@@ -218,7 +208,7 @@ class FollowThread:
             self.received_bytes += size
             self.frames += 1
             if self._dispatch_due is None:
-                self._dispatch_due = 0.0   # at the next point where the thread would wait
+                self._dispatch_due = self.clock() + self.dispatch_delay_s
             self._publish_confirm_offset()
             unacked += 1
             if unacked >= ACK_FRAMES_MAX:
@@ -250,16 +240,14 @@ class FollowThread:
 
     def _dispatch(self) -> None:
         """Dispatch passes on this thread while they are due and no byte waits in the
-        socket, after giving way to any thread that waits for this CPU: one when frames keep
-        coming (the next at the next wait, if it is behind by more than a pass), back to
-        back when the socket is quiet."""
-        os.sched_yield()
+        socket: one when frames keep coming (the next at the next wait, if it is behind by
+        more than a pass), back to back when the socket is quiet."""
         while True:
             done = self.store.dispatch_now(DISPATCH_PASS_BYTES)
             self.passes += 1
             now = self.clock()
             if done is None:   # no pass could run now (another thread's is under way): later
-                self._dispatch_due = now + self.news_interval_s
+                self._dispatch_due = now + self.dispatch_delay_s
             else:
                 self._dispatch_due = None if done else now
             if self._dispatch_due is None or self._dispatch_due > now or self._readable(0):
@@ -268,19 +256,10 @@ class FollowThread:
             self._tell_loop()
 
     def _tell_loop(self) -> None:
-        """``signal`` the loop of news, unless it was told since it last re-armed it; held
-        back until ``news_interval_ms`` after the last time it was told."""
-        if self.signalled:
-            return
-        now = self.clock()
-        if now - self._told_at < self.news_interval_s:
-            if self._news_due is None:
-                self._news_due = self._told_at + self.news_interval_s
-            return
-        self._news_due = None
-        self._told_at = now
-        self.signalled = True
-        self.signal()
+        """``signal`` the loop of news, unless it was told since it last re-armed it."""
+        if not self.signalled:
+            self.signalled = True
+            self.signal()
 
     def _ack(self) -> None:
         self.sock.sendall(protocol.ack(self.store.max_offset))
@@ -291,19 +270,14 @@ class FollowThread:
         """One read into ``target`` (at least a byte); the session's end on silence or close.
         While the socket is silent it acks the log's end every ``ack_interval_ms``. With
         ``may_dispatch`` (no frame waits for its ack) a dispatch pass that is due runs
-        first, then news held back for the loop once due, and a wait ends for them at most
-        an interval later."""
+        first, and a wait ends for it when it comes due."""
         sock = self.sock
         while True:
-            if may_dispatch and (self._dispatch_due is not None or self._news_due is not None):
-                now = self.clock()
-                if self._dispatch_due is not None and now >= self._dispatch_due:
+            if may_dispatch and self._dispatch_due is not None:
+                if self.clock() >= self._dispatch_due:
                     self._dispatch()
-                if self._news_due is not None and self.clock() >= self._news_due:
-                    self._tell_loop()
-                if (self._dispatch_due is not None or self._news_due is not None) and \
-                        self._timeout_s > self.news_interval_s:
-                    self._set_timeout(self.news_interval_s)   # a quiet socket wakes it for them
+                elif self._timeout_s > self.dispatch_delay_s:
+                    self._set_timeout(self.dispatch_delay_s)   # a quiet socket wakes it for the pass
             try:
                 got = sock.recv_into(target)
             except TimeoutError:
@@ -326,11 +300,11 @@ class FollowThread:
             return got
 
     def _steady_timeout_s(self) -> float:
-        """The socket's timeout between frames: ``_wait_s``, or the news interval while
-        frames wait for a pass or news for the loop, so a quiet socket still gets them (at
-        most twice the interval late)."""
-        if (self._dispatch_due is not None or self._news_due is not None) and self.news_interval_s < self._wait_s:
-            return self.news_interval_s
+        """The socket's timeout between frames: ``_wait_s``, or the dispatch delay while
+        frames wait for a pass, so a quiet socket still gets theirs (at most twice the
+        delay after the first of them)."""
+        if self._dispatch_due is not None and self.dispatch_delay_s < self._wait_s:
+            return self.dispatch_delay_s
         return self._wait_s
 
     def _set_timeout(self, seconds: float) -> None:

@@ -13,9 +13,8 @@ written. The store's own dispatcher builds ConsumeQueue and IndexFile from the b
 Over a TCP socket (``follow_thread``, the default) the streaming phase runs on a thread of
 the session's own over a blocking socket (follow_thread.py): the same checks, appends and
 acks, without the event loop's wake-up and scheduler per frame (a slave's CPU a one-at-a-time
-send about a third lower), and the dispatch passes of what it appended, right after each
-ack (it tells the loop what they indexed at most every ``dispatch_delay_ms``). Over any
-other stream, and with
+send about a third lower), and the dispatch passes of what it appended, between frames
+(``dispatch_delay_ms`` after the first of them, as below). Over any other stream, and with
 ``follow_thread`` off, the loop's tasks do it:
 
 Frames are received and applied by two tasks, so that the next frame arrives while the
@@ -100,8 +99,8 @@ class HaClientSettings:
     # expiry) every delay, which cost it ~0.8 us of CPU a message at ~30k messages/s
     # (~0.3 ms a pass); the price is that a slave's reads see a message up to 50 ms after
     # its bytes are in the log (a promoted slave's session end wakes the dispatch at once).
-    # A follow thread runs these passes itself, at once when no frame waits for its ack, and
-    # tells the loop of them at most this often (follow_thread.py's news_interval_ms).
+    # A follow thread runs these passes itself, when no frame waits for its ack (on a
+    # socket that went quiet: up to twice the delay after the first frame).
     dispatch_delay_ms: int = 50
     # over a TCP socket, frames are read, checked, appended and acked by a thread of the
     # session's own on a blocking socket (follow_thread.py), not by tasks of the event loop
@@ -261,7 +260,7 @@ class HAClient:
             follower = FollowThread(
                 self.store, self.epoch_file, welcome.epochs, sock, reader.take_buffered(),
                 read_timeout_ms=self.settings.read_timeout_ms, ack_interval_ms=self.settings.ack_interval_ms,
-                news_interval_ms=self.settings.dispatch_delay_ms, master_max_offset=self._master_max_offset,
+                dispatch_delay_ms=self.settings.dispatch_delay_ms, master_max_offset=self._master_max_offset,
                 signal=partial(token.run_sync_soon, tell_news))
         except BaseException:
             sock.close()

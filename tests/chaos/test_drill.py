@@ -15,7 +15,7 @@ from chaos import DrillSettings, run_failover_drill
 from chaos.drill import read_topic_keys
 
 pytestmark = pytest.mark.integration   # a controller-mode local cluster: ZooKeeper, controllers and node processes
-REJOINED_INDEX_WAIT_S = 10.0   # bounded: a slave's queues catch up with its log soon after it acks
+REJOINED_INDEX_WAIT_S = 10.0   # bounded: a slave's queues catch up with its log within dispatch_delay_ms
 
 
 def test_two_rounds_fail_over_without_losing_an_acked_message(controller_cluster):
@@ -47,9 +47,8 @@ def test_two_rounds_fail_over_without_losing_an_acked_message(controller_cluster
     topic = next(t for t in _topics(master.client_address) if t.startswith("drill-"))
     on_master = trio.run(read_topic_keys, master.client_address, topic, 4)
     rejoined = controller_cluster.node(two.killed).client_address
-    # a slave indexes what it received right after acking it, and its readers hear of it up
-    # to dispatch_delay_ms (50) later: its queues may still lack the last messages its log
-    # holds; ask again for a bounded while
+    # a slave indexes what it received up to dispatch_delay_ms (50) after it arrived: its
+    # queues may still lack the last messages its log holds; ask again for a bounded while
     deadline = time.monotonic() + REJOINED_INDEX_WAIT_S
     on_rejoined = trio.run(read_topic_keys, rejoined, topic, 4)
     while sorted(on_rejoined) != sorted(on_master) and time.monotonic() < deadline:

@@ -28,7 +28,7 @@ class Session:
     """A FollowThread on one end of a socket pair, run by a thread; the test is the master."""
 
     def __init__(self, slave, *, buffered: bytes = b"", read_timeout_ms: int = 10_000,
-                 ack_interval_ms: int = 10_000, news_interval_ms: int = 10_000, clock=None,
+                 ack_interval_ms: int = 10_000, dispatch_delay_ms: int = 10_000, clock=None,
                  replica_store=None, master_max_offset: int = 0) -> None:
         self.master, theirs = socket.socketpair()
         self.master.settimeout(WAIT_S)
@@ -36,7 +36,7 @@ class Session:
         options = {} if clock is None else {"clock": clock}
         self.follower = FollowThread(replica_store or slave.replica_log, epoch_file(slave), EPOCHS, theirs, buffered,
                                      read_timeout_ms=read_timeout_ms, ack_interval_ms=ack_interval_ms,
-                                     news_interval_ms=news_interval_ms, master_max_offset=master_max_offset,
+                                     dispatch_delay_ms=dispatch_delay_ms, master_max_offset=master_max_offset,
                                      signal=self._signal, **options)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -44,10 +44,6 @@ class Session:
 
     def _signal(self) -> None:
         self.signals += 1
-
-    def rearm(self) -> None:
-        """What the loop does when it takes the news: the thread may tell it again."""
-        self.follower.signalled = False
 
     def _run(self) -> None:
         try:
@@ -108,30 +104,13 @@ def test_frames_that_arrive_together_land_in_order_under_few_acks(open_store, se
     assert epoch_file(slave).entries == EPOCHS   # the term recorded before its first byte
     follower = session.follower
     assert follower.frames == len(pieces) and follower.received_bytes == end
-    # the loop is told of the confirm offset once the frames it covers are indexed
-    wait_until(lambda: session.signals == 1, "the loop told")
     session.close()
     assert slave.replica_log.confirm_offset == end and follower.confirm_moved
     assert follower.master_max_offset == end + 100
-    assert not follower.undispatched and follower.passes >= 1
+    # no pass yet (due 10 s after the first frame): the loop is told of the confirm offset
+    # only once the frames it covers are indexed, and frames left over are the loop's
+    assert follower.undispatched and follower.passes == 0 and session.signals == 0
     assert session.error is None                        # stopped: no error
-
-
-def test_frames_no_pass_can_index_now_are_the_loops_when_the_session_ends(open_store, session_of):
-    master = open_store("master")
-    slave = open_store("slave", dispatcher_thread=False)
-    put(master, 100, body_bytes=500)
-    (offset, data), = chunks(master, 1, 100_000)
-    slave.dispatcher.stop()                      # a pass cannot run: tried again an interval later
-    session = session_of(slave, news_interval_ms=10_000)
-    session.master.sendall(frame(offset, data) + protocol.confirm(len(data)))
-    assert session.acks_until(len(data))[-1] == len(data)
-    wait_until(lambda: session.follower.passes >= 1, "the pass tried")
-    session.close()
-    follower = session.follower
-    assert follower.undispatched and slave.dispatcher.dispatched_offset == 0
-    # the confirm offset moved over frames not indexed: the loop is not told yet
-    assert follower.confirm_moved and session.signals == 0
 
 
 def test_at_most_ack_frames_max_frames_go_under_one_ack(open_store, session_of):
@@ -224,7 +203,7 @@ def test_the_wait_before_the_read_timeout_is_cut_short_to_end_on_time(open_store
     times = iter([0.0, 0.0, 0.08, 0.08, 0.1])   # made; first wait out (an ack is due); second wait out
 
     follower = FollowThread(slave.replica_log, epoch_file(slave), EPOCHS, sock, b"", read_timeout_ms=100,
-                            ack_interval_ms=80, news_interval_ms=50, master_max_offset=0, signal=lambda: None,
+                            ack_interval_ms=80, dispatch_delay_ms=50, master_max_offset=0, signal=lambda: None,
                             clock=lambda: next(times))
     with pytest.raises(HaProtocolError, match="nothing from the master for 100 ms"):
         follower.run()
@@ -264,14 +243,14 @@ def test_the_thread_indexes_its_frames_itself_then_tells_the_loop(open_store, se
     pieces = chunks(master, 4, 25_000)
     end = pieces[-1][0] + len(pieces[-1][1])
     sent_messages = sum(result.physical_offset < end for result in results)
-    session = session_of(slave, news_interval_ms=20)
+    session = session_of(slave, dispatch_delay_ms=20)
     # the CONFIRM first: the confirm offset moves with the frames, before they are indexed
     session.master.sendall(protocol.confirm(end) + b"".join(frame(offset, data) for offset, data in pieces))
     assert session.acks_until(end)[-1] == end
-    # the pass runs once the frames are acked, and the loop hears of it then
+    # the socket then stays quiet: its timeout wakes the thread for the pass
     wait_until(lambda: session.signals == 1, "the loop told after the pass")
     follower = session.follower
-    assert follower.passes >= 1 and not follower.undispatched
+    assert follower.passes == 1 and not follower.undispatched
     assert slave.dispatcher.dispatched_offset == end and slave.dispatcher.dispatched_messages == sent_messages
     assert follower.confirm_moved and slave.replica_log.confirm_offset == end
 
@@ -281,7 +260,7 @@ def test_a_confirm_offset_over_indexed_frames_is_told_at_once(open_store, sessio
     slave = open_store("slave", dispatcher_thread=False)
     put(master, 100, body_bytes=500)
     (offset, data), = chunks(master, 1, 100_000)
-    session = session_of(slave, news_interval_ms=10)
+    session = session_of(slave, dispatch_delay_ms=10)
     session.master.sendall(frame(offset, data))
     assert session.acks_until(len(data))[-1] == len(data)
     wait_until(lambda: session.follower.passes == 1, "the pass")
@@ -299,7 +278,7 @@ def test_a_thread_behind_by_more_than_a_pass_runs_passes_until_caught_up(open_st
     pieces = chunks(master, 3, 80_000)
     end = pieces[-1][0] + len(pieces[-1][1])
     sent_messages = sum(result.physical_offset < end for result in results)
-    session = session_of(slave, news_interval_ms=10)
+    session = session_of(slave, dispatch_delay_ms=10)
     session.master.sendall(b"".join(frame(offset, data) for offset, data in pieces))
     assert session.acks_until(end)[-1] == end
     wait_until(lambda: not session.follower.undispatched, "caught up")
@@ -312,7 +291,7 @@ def test_a_dispatcher_with_a_thread_of_its_own_is_woken_instead(open_store, sess
     slave = open_store("slave")   # dispatcher_thread: true
     put(master, 100, body_bytes=500)
     (offset, data), = chunks(master, 1, 100_000)
-    session = session_of(slave, news_interval_ms=10)
+    session = session_of(slave, dispatch_delay_ms=10)
     session.master.sendall(frame(offset, data))
     assert session.acks_until(len(data))[-1] == len(data)
     wait_until(lambda: slave.dispatcher.dispatched_offset == len(data), "the dispatcher thread's pass")
@@ -349,31 +328,3 @@ def test_a_slave_reads_ahead_only_while_the_master_runs_far_ahead(open_store, se
     assert store.asked == [gap > 60_000 for gap in behind]
     assert True in store.asked and False in store.asked   # catching up, then keeping up
     assert log_bytes(slave) == b"".join(data for _, data in pieces)
-
-
-def test_frames_are_indexed_at_once_and_the_loop_told_at_most_once_an_interval(open_store, session_of):
-    master = open_store("master")
-    slave = open_store("slave", dispatcher_thread=False)
-    put(master, 60, body_bytes=500)
-    pieces = chunks(master, 6, 5_000)
-    session = session_of(slave, news_interval_ms=400)
-    follower = session.follower
-    started = time.monotonic()
-    for index, (offset, data) in enumerate(pieces[:3]):   # one frame at a time, each confirmed
-        end = offset + len(data)
-        session.master.sendall(frame(offset, data) + protocol.confirm(end))
-        assert session.acks_until(end)[-1] == end
-        # indexed right after its ack, long before the interval is out
-        wait_until(lambda: slave.dispatcher.dispatched_offset == end, f"frame {index} indexed")
-        session.rearm()
-    told_early = session.signals
-    # the first news went out at once; the others wait for the interval after it
-    assert told_early == 1 or time.monotonic() - started >= 0.4
-    wait_until(lambda: session.signals == 2, "the held news told once the interval is out")
-    assert time.monotonic() - started >= 0.4
-    for offset, data in pieces[3:]:                       # frames go on after it: indexed at once
-        session.master.sendall(frame(offset, data))
-        assert session.acks_until(offset + len(data))[-1] == offset + len(data)
-    end = pieces[-1][0] + len(pieces[-1][1])
-    wait_until(lambda: slave.dispatcher.dispatched_offset == end, "the last frames indexed")
-    assert follower.passes >= 4
