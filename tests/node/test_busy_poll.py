@@ -279,51 +279,49 @@ def plain_pair():
         yield ours, theirs
 
 
-@pytest.mark.trio
-async def test_a_busy_loop_polls_its_wait_and_io_ends_the_poll_without_a_sleep(plain_pair):
-    ours, theirs = plain_pair
+@pytest.fixture
+async def polled_loop():
+    """A BusyPoll with a window no test waits out, polling the test loop's waits until the
+    test ends."""
     busy = BusyPoll(LONG_US, poll_loop_waits=True)
     try:
-        await _some_io(ours, theirs)
-        threading.Timer(0.05, theirs.sendall, (b"late",)).start()
-        started = time.perf_counter()
-        await trio.lowlevel.wait_readable(ours)   # every task waits: the loop's wait is polled
-        assert time.perf_counter() - started < 2
-        assert ours.recv(16) == b"late"
-        statistics = busy.statistics()
-        assert statistics.loop_polls_woken >= 1 and statistics.loop_polls >= statistics.loop_polls_woken
-        assert statistics.loop_seconds >= 0.03
+        yield busy
     finally:
         busy.close()
 
 
 @pytest.mark.trio
-async def test_a_polled_wait_ends_at_the_loops_next_deadline(plain_pair):
+async def test_a_busy_loop_polls_its_wait_and_io_ends_the_poll_without_a_sleep(plain_pair, polled_loop):
     ours, theirs = plain_pair
-    busy = BusyPoll(LONG_US, poll_loop_waits=True)
-    try:
-        await _some_io(ours, theirs)
-        started = time.perf_counter()
-        await trio.sleep(0.05)                    # a timer, no I/O: the poll gives way to it
-        assert 0.04 <= time.perf_counter() - started < 2
-        statistics = busy.statistics()
-        assert statistics.loop_polls >= 1 and statistics.loop_polls_woken == 0
-    finally:
-        busy.close()
+    await _some_io(ours, theirs)
+    threading.Timer(0.05, theirs.sendall, (b"late",)).start()
+    started = time.perf_counter()
+    await trio.lowlevel.wait_readable(ours)   # every task waits: the loop's wait is polled
+    assert time.perf_counter() - started < 2
+    assert ours.recv(16) == b"late"
+    statistics = polled_loop.statistics()
+    assert statistics.loop_polls_woken >= 1 and statistics.loop_polls >= statistics.loop_polls_woken
+    assert statistics.loop_seconds >= 0.03
 
 
 @pytest.mark.trio
-async def test_a_loop_without_io_sleeps_in_its_waits_at_once(plain_pair):
+async def test_a_polled_wait_ends_at_the_loops_next_deadline(plain_pair, polled_loop):
     ours, theirs = plain_pair
-    busy = BusyPoll(LONG_US, poll_loop_waits=True)
-    try:
-        await trio.sleep(LOOP_BUSY_S * 2)         # no I/O yet, and none since long enough
-        before = busy.statistics().loop_polls
-        for _ in range(3):
-            await trio.sleep(0.01)
-        assert busy.statistics().loop_polls == before
-    finally:
-        busy.close()
+    await _some_io(ours, theirs)
+    started = time.perf_counter()
+    await trio.sleep(0.05)                    # a timer, no I/O: the poll gives way to it
+    assert 0.04 <= time.perf_counter() - started < 2
+    statistics = polled_loop.statistics()
+    assert statistics.loop_polls >= 1 and statistics.loop_polls_woken == 0
+
+
+@pytest.mark.trio
+async def test_a_loop_without_io_sleeps_in_its_waits_at_once(polled_loop):
+    await trio.sleep(LOOP_BUSY_S * 2)         # no I/O yet, and none since long enough
+    before = polled_loop.statistics().loop_polls
+    for _ in range(3):
+        await trio.sleep(0.01)
+    assert polled_loop.statistics().loop_polls == before
 
 
 @pytest.mark.trio
@@ -356,15 +354,11 @@ async def test_busy_polling_off_leaves_the_loops_waits_alone():
 
 
 @pytest.mark.trio
-async def test_a_wake_up_from_another_thread_is_not_io_and_its_loop_sleeps_at_once():
+async def test_a_wake_up_from_another_thread_is_not_io_and_its_loop_sleeps_at_once(polled_loop):
     # a slave's follow thread wakes its loop now and then: that loop must not poll after it
-    busy = BusyPoll(LONG_US, poll_loop_waits=True)
-    try:
-        await trio.sleep(LOOP_BUSY_S * 2)
-        before = busy.statistics().loop_polls
-        for _ in range(3):
-            await trio.to_thread.run_sync(time.sleep, 0.001)   # its result comes back by run_sync_soon
-            await trio.sleep(0.005)
-        assert busy.statistics().loop_polls == before
-    finally:
-        busy.close()
+    await trio.sleep(LOOP_BUSY_S * 2)
+    before = polled_loop.statistics().loop_polls
+    for _ in range(3):
+        await trio.to_thread.run_sync(time.sleep, 0.001)   # its result comes back by run_sync_soon
+        await trio.sleep(0.005)
+    assert polled_loop.statistics().loop_polls == before
