@@ -60,13 +60,14 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 import time
 from typing import Callable
 
 import trio
 
 from . import protocol
-from .epochs import EpochFile
+from .epochs import EpochFile, next_epoch_start
 from .errors import HaProtocolError
 from .store_protocol import ReplicaStore
 from .transport import PeerClosed
@@ -87,6 +88,7 @@ DISPATCH_PASS_BYTES = 1024 * 1024
 # Six 5-s probe blocks, two alternated pairs, batched: each slave ~0.7-1.0 us of CPU a
 # message less (its read-ahead thread 0.4-0.5, and its flush thread's releases cheaper).
 READ_AHEAD_BEHIND_BYTES = 8 * 1024 * 1024
+_TIMEVAL = struct.Struct("@ll")   # struct timeval: seconds, microseconds
 
 
 def thread_socket(stream: trio.SocketStream) -> socket.socket:
@@ -119,8 +121,7 @@ class FollowThread:
         self.clock = clock
         # a wait on the socket ends at least this often (for the idle ack and the read timeout)
         self._wait_s = min(self.read_timeout_s, self.ack_interval_s)
-        self._timeout_s = self._wait_s   # the socket's timeout now (set only when it changes)
-        sock.settimeout(self._wait_s)
+        self._timeout_s = 0.0   # the socket's receive timeout now (set only when it changes)
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         self._readable = poller.poll     # _readable(0): bytes wait in the socket
@@ -160,34 +161,48 @@ class FollowThread:
 
     def run(self) -> None:
         """Follow the stream until it fails (raises why) or ``stop`` is called (returns)."""
+        sock = self.sock
         try:
+            # blocking calls that the kernel times out (SO_RCVTIMEO, SO_SNDTIMEO): a socket
+            # with a Python timeout polls before each read and each write, a system call
+            # and a hand-over of the GIL more per frame and per ack
+            sock.setblocking(True)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(self.read_timeout_s))
+            self._set_timeout(self._wait_s)
             self._follow()
         except BaseException:
             if not self.stopping:
                 raise
         finally:
-            self.sock.close()
+            try:
+                sock.setblocking(False)   # a duplicate shares the loop's stream's flags: as they were
+            except OSError:
+                pass   # closed already
+            sock.close()
 
     # --- the loop of frames -------------------------------------------------------------
     def _follow(self) -> None:
         store = self.store
+        read_header = protocol.read_data_header
         header_size = protocol.DATA_HEADER.size
         largest_buffered = RECEIVE_BUFFER_BYTES - header_size
         view = self._view
         expected = store.max_offset   # where the next frame must start
         unacked = 0                   # frames appended since the last ack
+        # frames ending at or before this lie in the epoch last placed (and recorded): they
+        # need no look at the epochs (-1: none placed yet)
+        epoch_end = -1
         while True:
             if self._end - self._start < header_size:
                 if unacked:
                     self._ack()
                     unacked = 0
                 self._fill(header_size, may_dispatch=True)
-            header = protocol.parse_data_header(view[self._start:self._start + header_size])
+            offset, size, crc = read_header(view, self._start)
             self._start += header_size
-            if header.is_heartbeat:   # or a CONFIRM: no bytes follow
-                self._control(header)
+            if not size:   # a heartbeat or a CONFIRM: no bytes follow
+                self._control(offset, crc)
                 continue
-            offset, size = header.offset, header.size
             if size <= largest_buffered:
                 if self._end - self._start < size:
                     self._fill(size)
@@ -195,11 +210,9 @@ class FollowThread:
                 self._start += size
             else:
                 data = self._receive_large(size)
-            protocol.check_data(header, data)
-            entry = protocol.place_frame(self.master_epochs, offset, size, expected)
-            if entry.epoch != self.epoch_file.last_epoch:
-                # the term is recorded before its first byte lands
-                self.epoch_file.append(entry.epoch, entry.start_offset)
+            protocol.check_crc(offset, data, crc)
+            if offset != expected or offset + size > epoch_end:
+                epoch_end = self._place(offset, size, expected)
             store.append(offset, data, wake_dispatch=False,
                          read_ahead=self.master_max_offset - offset - size > READ_AHEAD_BEHIND_BYTES)
             expected = offset + size
@@ -207,18 +220,30 @@ class FollowThread:
                 self.master_max_offset = expected
             self.received_bytes += size
             self.frames += 1
+            unacked += 1
+            # the ack follows the append at once when no other frame waits behind it (the
+            # master waits for it); the dispatch and the confirm offset come after
+            if unacked >= ACK_FRAMES_MAX or self._end - self._start < header_size:
+                self._ack()
+                unacked = 0
             if self._dispatch_due is None:
                 self._dispatch_due = self.clock() + self.dispatch_delay_s
             self._publish_confirm_offset()
-            unacked += 1
-            if unacked >= ACK_FRAMES_MAX:
-                self._ack()
-                unacked = 0
 
-    def _control(self, header: protocol.DataHeader) -> None:
+    def _place(self, offset: int, size: int, expected: int) -> int:
+        """Check that a frame starts at the log's end (``expected``) inside one master epoch,
+        recording that epoch first when it is new here (HaProtocolError if not); return
+        where the epoch ends (frames up to there need no look again)."""
+        entry = protocol.place_frame(self.master_epochs, offset, size, expected)
+        if entry.epoch != self.epoch_file.last_epoch:
+            # the term is recorded before its first byte lands
+            self.epoch_file.append(entry.epoch, entry.start_offset)
+        boundary = next_epoch_start(self.master_epochs, offset)
+        return protocol.OFFSET_MAX if boundary is None else boundary
+
+    def _control(self, offset: int, crc: int) -> None:
         """A size-0 header: a CONFIRM (the master's confirm offset) or a heartbeat (its log's end)."""
-        offset = header.offset
-        if header.is_confirm:
+        if crc == protocol.CONFIRM_MARK:
             if offset > self.master_confirm_offset:
                 self.master_confirm_offset = offset
                 self._publish_confirm_offset()
@@ -280,7 +305,7 @@ class FollowThread:
                     self._set_timeout(self.dispatch_delay_s)   # a quiet socket wakes it for the pass
             try:
                 got = sock.recv_into(target)
-            except TimeoutError:
+            except BlockingIOError:   # SO_RCVTIMEO: silence for the timeout
                 now = self.clock()
                 silent_s = now - self._last_byte_at
                 if silent_s >= self.read_timeout_s:
@@ -308,9 +333,9 @@ class FollowThread:
         return self._wait_s
 
     def _set_timeout(self, seconds: float) -> None:
-        """The socket's timeout (a system call each time: only when it changes)."""
+        """The socket's receive timeout (a system call each time: only when it changes)."""
         seconds = max(0.001, seconds)
-        self.sock.settimeout(seconds)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
         self._timeout_s = seconds
 
     def _fill(self, count: int, *, may_dispatch: bool = False) -> None:
@@ -337,3 +362,9 @@ class FollowThread:
         while buffered < size:
             buffered += self._receive_into(target[buffered:])
         return target
+
+
+def _timeval(seconds: float) -> bytes:
+    """A socket timeout option's value (struct timeval)."""
+    whole = int(seconds)
+    return _TIMEVAL.pack(whole, int((seconds - whole) * 1_000_000))

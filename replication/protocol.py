@@ -293,16 +293,29 @@ class DataHeader:
 
 def parse_data_header(raw) -> DataHeader:
     """A data frame header, its size checked against the frame limit."""
-    offset, size, crc = DATA_HEADER.unpack(raw)
+    if len(raw) != DATA_HEADER.size:
+        raise HaProtocolError(f"a data frame header is {DATA_HEADER.size} bytes, not {len(raw)}")
+    return DataHeader(*read_data_header(raw, 0))
+
+
+def read_data_header(buffer, position: int) -> tuple[int, int, int]:
+    """``parse_data_header`` of the header at ``position`` in ``buffer``, as a plain
+    (offset, size, crc) tuple: a slave's follow thread reads one per frame."""
+    offset, size, crc = header = DATA_HEADER.unpack_from(buffer, position)
     if size > DATA_FRAME_BYTES_MAX or offset > OFFSET_MAX:
         raise HaProtocolError(f"data frame at {offset} of {size} bytes is over the {DATA_FRAME_BYTES_MAX} limit")
-    return DataHeader(offset, size, crc)
+    return header
 
 
 def check_data(header: DataHeader, data) -> None:
     """HaProtocolError when the bytes are not the ones the master sent."""
-    if crc32(data) != header.crc:
-        raise HaProtocolError(f"data frame at {header.offset} ({header.size} bytes): CRC mismatch")
+    check_crc(header.offset, data, header.crc)
+
+
+def check_crc(offset: int, data, crc: int) -> None:
+    """``check_data`` for a frame at ``offset`` whose header claims ``crc``."""
+    if crc32(data) != crc:
+        raise HaProtocolError(f"data frame at {offset} ({len(data)} bytes): CRC mismatch")
 
 
 def place_frame(epochs: list[EpochEntry], offset: int, size: int, expected: int) -> EpochEntry:

@@ -5,7 +5,9 @@ timeouts and thread joins of a few seconds)."""
 from __future__ import annotations
 
 import itertools
+import os
 import socket
+import struct
 import threading
 import time
 
@@ -185,15 +187,17 @@ def test_a_silent_master_is_acked_every_interval_then_the_read_timeout_ends_the_
 
 
 class RecordingSocket(socket.socket):
-    """A socket that keeps the timeouts it was given."""
+    """A socket that keeps the receive timeouts (SO_RCVTIMEO) it was given, in seconds."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.timeouts: list[float] = []
 
-    def settimeout(self, value) -> None:
-        self.timeouts.append(value)
-        super().settimeout(value)
+    def setsockopt(self, level, option, value, *rest) -> None:
+        if (level, option) == (socket.SOL_SOCKET, socket.SO_RCVTIMEO):
+            seconds, microseconds = struct.unpack("@ll", value)
+            self.timeouts.append(seconds + microseconds / 1e6)
+        super().setsockopt(level, option, value, *rest)
 
 
 def test_the_wait_before_the_read_timeout_is_cut_short_to_end_on_time(open_store):
@@ -328,3 +332,23 @@ def test_a_slave_reads_ahead_only_while_the_master_runs_far_ahead(open_store, se
     assert store.asked == [gap > 60_000 for gap in behind]
     assert True in store.asked and False in store.asked   # catching up, then keeping up
     assert log_bytes(slave) == b"".join(data for _, data in pieces)
+
+
+def test_the_loops_stream_is_left_non_blocking_as_it_was(open_store):
+    # the thread's socket is a duplicate of the loop's stream's descriptor: they share the
+    # blocking flag, which the thread clears for its kernel-timed reads and sets back
+    slave = open_store("slave")
+    master, loops = socket.socketpair()
+    loops.setblocking(False)
+    duplicate = socket.socket(fileno=os.dup(loops.fileno()))
+    follower = FollowThread(slave.replica_log, epoch_file(slave), EPOCHS, duplicate, b"", read_timeout_ms=10_000,
+                            ack_interval_ms=10_000, dispatch_delay_ms=10_000, master_max_offset=0,
+                            signal=lambda: None)
+    thread = threading.Thread(target=follower.run, daemon=True)
+    thread.start()
+    wait_until(lambda: os.get_blocking(loops.fileno()), "the thread's reads to block")
+    follower.stop()
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and os.get_blocking(loops.fileno()) is False
+    master.close()
+    loops.close()
