@@ -46,6 +46,7 @@ from . import protocol
 from .epochs import EpochEntry, Resync, find_resync
 from .errors import (FlushSlaveTimeout, HaAuthError, HaProtocolError, InSyncReplicasNotEnough, ReplicationError,
                      ReplicationFenced, expected_failure)
+from .ack_reader import AckReaders
 from .log_sender import LogSenders
 from .protocol import Handshake, Hello, Welcome
 from .store_protocol import ReplicaStore
@@ -164,6 +165,7 @@ class HAService:
         self.on_confirm_advanced = on_confirm_advanced
         self.senders = LogSenders(store, self.epochs, chunk_bytes_max=settings.chunk_bytes_max,
                                   heartbeat_interval_ms=settings.heartbeat_interval_ms)
+        self.acks = AckReaders(self._on_ack)   # acks read by their tasks, or by a poller (take_now)
         self._sync_state_wake = trio.Event()
         self._waiters: list[tuple[int, int, _Waiter]] = []
         self._sequence = itertools.count()
@@ -226,6 +228,11 @@ class HAService:
             waiter.finish(self._timeout_error(end_offset, timeout_ms))  # leaves the heap at the next release
         if waiter.error is not None:
             raise waiter.error
+
+    @property
+    def puts_waiting(self) -> bool:
+        """Some put waits for acks (one answered may stay until the next release)."""
+        return bool(self._waiters)
 
     @property
     def answers_waiting_puts(self) -> bool:
@@ -414,34 +421,17 @@ class HAService:
         return handshake, resync
 
     async def _read_acks(self, reader: StreamReader, replica: ReplicaProgress, scope: trio.CancelScope) -> None:
-        timeout_s = self.settings.ack_timeout_ms / 1000
-        tracker = self.tracker
-        last_ack = trio.current_time()
-        try:
-            while True:
-                # one deadline per ack_timeout_ms, not one moved per ack (a sorted-container
-                # remove and add each time): the scope ends ack_timeout_ms after the last ack
-                # it knew of, and the slave is dropped only if no ack came since
-                with trio.CancelScope(deadline=last_ack + timeout_s):
-                    while True:
-                        offset = protocol.parse_ack(await reader.exactly(protocol.ACK.size))
-                        last_ack = trio.current_time()
-                        if not replica.ack_offset <= offset <= replica.sent_offset:
-                            raise HaProtocolError(f"slave {replica.node_id} acked {offset}: outside "
-                                                  f"[{replica.ack_offset}, {replica.sent_offset}] (its last ack, "
-                                                  f"what was sent)")
-                        moved = offset != replica.ack_offset
-                        tracker.acked(replica.node_id, offset, int(last_ack * 1000))
-                        if moved:
-                            self._release_waiters()
-                            self._advance_confirm()
-                            if replica.node_id not in tracker.sync_state_set:
-                                self._sync_state_wake.set()
-                if trio.current_time() >= last_ack + timeout_s:
-                    raise HaProtocolError(f"slave {replica.node_id} sent no ack for {self.settings.ack_timeout_ms} ms")
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ReplicationError, OSError) as error:
-            log.info("slave %s: %s", replica.node_id, error or type(error).__name__)
-            scope.cancel()
+        """One slave's acks until they stop (ack_reader.py); then ``scope`` is cancelled."""
+        await self.acks.read(reader, replica, self.settings.ack_timeout_ms / 1000, scope)
+
+    def _on_ack(self, replica: ReplicaProgress, offset: int, now: float) -> None:
+        moved = offset != replica.ack_offset
+        self.tracker.acked(replica.node_id, offset, int(now * 1000))
+        if moved:
+            self._release_waiters()
+            self._advance_confirm()
+            if replica.node_id not in self.tracker.sync_state_set:
+                self._sync_state_wake.set()
 
     # --- the sync-state set --------------------------------------------------------------
     def _oldest_unacked_age_ms(self, ack_offset: int) -> int:

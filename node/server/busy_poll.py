@@ -79,18 +79,25 @@ class BusyPollStatistics:
     loop_polls: int = 0          # waits of the idle loop polled before it slept (``poll_loop_waits``)
     loop_polls_woken: int = 0    # of them, those that I/O ended (the loop did not sleep)
     loop_seconds: float = 0.0    # time the idle loop spent polling
+    ready_taken: int = 0         # polls that ``ready_work`` let go on (it took the I/O that came)
 
 
 class BusyPoll:
     """One node's busy polling, shared by its connections; make it in the node's trio loop."""
 
     def __init__(self, window_us: int, idle_work: Callable[[], bool] | None = None, *,
-                 poll_loop_waits: bool = False) -> None:
+                 poll_loop_waits: bool = False, ready_work: Callable[[], bool] | None = None,
+                 awaiting: Callable[[], bool] | None = None) -> None:
         """``idle_work`` runs before a poll, once the loop has nothing else to do; it says
-        whether it did anything (it may have woken tasks). With ``poll_loop_waits`` the
+        whether it did anything (it may have woken tasks). ``ready_work`` runs when the
+        loop's descriptor turns ready during a poll: it takes what it can of that I/O itself
+        (a master's acks) and says whether it took anything; while ``awaiting()`` (a put
+        waits for its acks) the idle work waits until that I/O came. With ``poll_loop_waits`` the
         loop's own waits for I/O are polled too (``_LoopWaitPolling``) until ``close``."""
         self.window_s = window_us / 1e6
         self.idle_work = idle_work
+        self.ready_work = ready_work
+        self.awaiting = awaiting
         self._loop: _LoopView | None = None
         self._loop_waits: _LoopWaitPolling | None = None
         if self.window_s > 0:
@@ -101,7 +108,7 @@ class BusyPoll:
                 self.window_s = 0.0
             elif poll_loop_waits:
                 self._loop_waits = _LoopWaitPolling.install(self.window_s)
-        self._reads = self._polls = 0
+        self._reads = self._polls = self._ready_taken = 0
         self._seconds = 0.0
 
     @property
@@ -111,8 +118,9 @@ class BusyPoll:
     def statistics(self) -> BusyPollStatistics:
         waits = self._loop_waits
         if waits is None:
-            return BusyPollStatistics(self._reads, self._polls, self._seconds)
-        return BusyPollStatistics(self._reads, self._polls, self._seconds, waits.polls, waits.woken, waits.seconds)
+            return BusyPollStatistics(self._reads, self._polls, self._seconds, ready_taken=self._ready_taken)
+        return BusyPollStatistics(self._reads, self._polls, self._seconds, waits.polls, waits.woken, waits.seconds,
+                                  self._ready_taken)
 
     def close(self) -> None:
         """The loop's waits for I/O sleep at once again (idempotent)."""
@@ -127,7 +135,7 @@ class BusyPoll:
 class PollingReader:
     """``receive`` reads one socket stream, polling it first where it may."""
 
-    __slots__ = ("_busy", "_stream", "_socket", "_since", "_yield_due")
+    __slots__ = ("_busy", "_stream", "_socket", "_since", "_yield_due", "_poll")
 
     def __init__(self, busy: BusyPoll, stream: trio.SocketStream) -> None:
         self._busy = busy
@@ -135,6 +143,12 @@ class PollingReader:
         self._socket = stream.socket
         self._since: float | None = None   # when this reader last went through trio
         self._yield_due = False
+        self._poll = None   # _poll(0): whether the socket or the loop's descriptor is ready (one system call)
+        if busy._loop is not None:
+            poller = select.poll()
+            poller.register(stream.socket, select.POLLIN)
+            poller.register(busy._loop.epoll_fd, select.POLLIN)
+            self._poll = poller.poll
 
     async def receive(self, max_bytes: int) -> bytes:
         """``stream.receive_some(max_bytes)``, by polling where it may (see ``read``)."""
@@ -171,24 +185,58 @@ class PollingReader:
         data = read_now(socket, max_bytes)
         if data is not None:
             return data          # a request already waits: no work in between
-        if busy.idle_work is not None and busy.idle_work() and loop.runnable() > 1:
-            self._since = None   # the work woke tasks
-            return None
+        # the idle work (a dispatch pass) waits while a put waits for its acks: run now, it
+        # would hold the first ack back (the pass took ~10 µs of a ~35 µs wait for it)
+        idle_due = busy.idle_work is not None
+        if idle_due and (busy.awaiting is None or not busy.awaiting()):
+            idle_due = False
+            if busy.idle_work() and loop.runnable() > 1:
+                self._since = None   # the work woke tasks
+                return None
         busy._polls += 1
         clock = time.perf_counter
         started = clock()
         end = started + min(busy.window_s, loop.seconds_to_next_deadline())
+        poll = self._poll
+        epoll_fd = loop.epoll_fd
         try:
             while True:
-                data = read_now(socket, max_bytes)
-                if data is not None:
-                    busy._reads += 1
-                    return data
-                if loop_ready(0) or clock() >= end:
+                ready = poll(0)   # [(fd, events)] in the order registered: the socket's first
+                if ready:
+                    if ready[0][0] != epoll_fd:
+                        data = read_now(socket, max_bytes)
+                        if data is not None:
+                            busy._reads += 1
+                            return data
+                    if ready[-1][0] == epoll_fd:
+                        if not self._take_ready(busy, loop):
+                            self._since = None
+                            return None
+                        # taken here (a master's acks; a put's reply may have left): the poll
+                        # starts again, for this connection's next request, within its turn
+                        if idle_due and not busy.awaiting():
+                            idle_due = False
+                            if busy.idle_work() and loop.others_runnable():
+                                self._since = None
+                                return None
+                        now = clock()
+                        end = min(now + busy.window_s, self._since + YIELD_INTERVAL_S,
+                                  now + loop.seconds_to_next_deadline())
+                if clock() >= end:
                     self._since = None
                     return None
         finally:
             busy._seconds += clock() - started
+
+    @staticmethod
+    def _take_ready(busy: BusyPoll, loop: "_LoopView") -> bool:
+        """Whether the poll may go on after the loop's descriptor turned ready: ``ready_work``
+        took that I/O, nothing else waits, and no task that needs the loop was woken by it."""
+        ready_work = busy.ready_work
+        if ready_work is None or not ready_work():
+            return False
+        busy._ready_taken += 1
+        return not loop.others_runnable() and not loop.ready(0)
 
 
 class _LoopWaitPolling:
@@ -300,11 +348,12 @@ class _LoopView:
     are runnable, and the seconds to its next deadline (what ``current_statistics`` reports
     for the last two)."""
 
-    __slots__ = ("ready", "runnable", "_run_queue", "_next_deadline", "_now")
+    __slots__ = ("epoll_fd", "ready", "runnable", "_run_queue", "_next_deadline", "_now")
 
     def __init__(self, epoll_fd: int, run_queue, deadlines, clock) -> None:
         poller = select.poll()
         poller.register(epoll_fd, select.POLLIN)
+        self.epoll_fd = epoll_fd
         self.ready = poller.poll          # ready(0): events wait for the loop
         self.runnable = run_queue.__len__
         self._run_queue = run_queue

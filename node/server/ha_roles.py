@@ -192,6 +192,17 @@ class HaRuntime:
         if self.ha_service is not None:
             self.ha_service.notify_appended()
 
+    def take_acks_now(self) -> bool:
+        """The master's acks that wait in their sockets, read and applied now (a busy poll
+        saw the loop's descriptor ready; replication/ack_reader.py): whether there were any."""
+        service = self.ha_service
+        return service is not None and service.acks.take_now()
+
+    def acks_awaited(self) -> bool:
+        """Some put waits for the slaves' acks now."""
+        service = self.ha_service
+        return service is not None and service.puts_waiting
+
     async def wait_for_replicas(self, end_offset: int) -> str | None:
         """None once the put ending at ``end_offset`` is acknowledged as the replication mode
         asks; otherwise the PutStatus name it failed with (and why, for the reply)."""

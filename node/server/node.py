@@ -149,7 +149,8 @@ async def serve_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED
             integrity = IntegrityGuard(store, Repairer(store, ha.repair_peers, secret=config.secret))
             metrics.registry.register(IntegrityCollector(config.node_id, integrity))
             counts = ConnectionCounts()
-            busy_poll = BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher), poll_loop_waits=True)
+            busy_poll = BusyPoll(config.busy_poll_us, idle_work=idle_pass(store.dispatcher), poll_loop_waits=True,
+                                 ready_work=ha.take_acks_now, awaiting=ha.acks_awaited)
             status = StatusSources(client_address, ha_address, metrics_address, config.busy_poll_us, counts,
                                    busy_poll, advertised=(advertised_client, advertised_ha),
                                    replication=lag.replication_status,
@@ -222,7 +223,7 @@ class StatusSources:
                 "busy_poll": {"window_us": self.busy_poll_us if self.busy_poll.enabled else 0,
                               "reads": polled.reads, "seconds": round(polled.seconds, 6),
                               "loop_polls": polled.loop_polls, "loop_polls_woken": polled.loop_polls_woken,
-                              "loop_seconds": round(polled.loop_seconds, 6)},
+                              "loop_seconds": round(polled.loop_seconds, 6), "ready_taken": polled.ready_taken},
                 "client_address": self.client_address, "ha_address": self.ha_address,
                 "metrics_address": self.metrics_address, "advertised_client_address": advertised[0],
                 "advertised_ha_address": advertised[1], "replication": self.replication(),

@@ -17,6 +17,7 @@ import pytest
 import trio
 import trio.testing
 
+from node.server import busy_poll
 from node.server.busy_poll import LOOP_BUSY_S, YIELD_INTERVAL_S, BusyPoll, _LoopView
 from node.server.dispatch_loop import idle_pass, serve_dispatch
 from store import Message, MessageStore, StoreConfig
@@ -245,7 +246,7 @@ def test_a_node_reads_a_one_at_a_time_client_by_polling_and_reports_it(node_proc
             assert shown_reads and int(shown_reads[1]) >= status["reads"]   # its own request may add one
         else:
             assert status == {"window_us": 0, "reads": 0, "seconds": 0, "loop_polls": 0, "loop_polls_woken": 0,
-                              "loop_seconds": 0}
+                              "loop_seconds": 0, "ready_taken": 0}
             assert "busy polling: off" in shown.stdout
 
 
@@ -362,3 +363,90 @@ async def test_a_wake_up_from_another_thread_is_not_io_and_its_loop_sleeps_at_on
         await trio.to_thread.run_sync(time.sleep, 0.001)   # its result comes back by run_sync_soon
         await trio.sleep(0.005)
     assert polled_loop.statistics().loop_polls == before
+
+
+@pytest.mark.trio
+async def test_io_that_ready_work_takes_keeps_the_poll_going_for_the_next_request(pair, monkeypatch):
+    # a master's ack arriving while a connection's reader polls: read by ready_work (no pass
+    # of trio's loop), and the poll goes on until this connection's next request (within
+    # the reader's turn, here longer than the test)
+    monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
+    ours, theirs = pair
+    ack, ack_peer = socket.socketpair()
+    with ack, ack_peer:
+        ack.setblocking(False)
+        taken = []
+
+        def take_acks() -> bool:
+            try:
+                taken.append(ack.recv(16))
+            except BlockingIOError:
+                return False
+            theirs.sendall(b"next")   # the client's next request, once its reply left
+            return True
+
+        async def ack_task() -> None:   # the owner of the ack socket, as the HA service's reader is
+            await trio.lowlevel.wait_readable(ack)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ack_task)
+            await trio.testing.wait_all_tasks_blocked()   # registered with the loop's epoll
+            busy = BusyPoll(LONG_US, ready_work=take_acks)
+            threading.Timer(0.05, ack_peer.sendall, (b"ack",)).start()
+            assert busy.reader(ours).read(1024) == b"next"
+            assert taken == [b"ack"] and busy.statistics().ready_taken == 1
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_io_that_ready_work_does_not_take_ends_the_poll(pair):
+    ours, _ = pair
+    other, other_peer = socket.socketpair()
+    with other, other_peer:
+        async def other_reader() -> None:
+            await trio.lowlevel.wait_readable(other)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_reader)
+            await trio.testing.wait_all_tasks_blocked()
+            busy = BusyPoll(LONG_US, ready_work=lambda: False)
+            threading.Timer(0.05, other_peer.sendall, (b"x",)).start()
+            started = time.perf_counter()
+            assert busy.reader(ours).read(1024) is None
+            assert time.perf_counter() - started < 2 and busy.statistics().ready_taken == 0
+
+
+@pytest.mark.trio
+async def test_the_idle_work_waits_while_acks_are_awaited_and_runs_once_they_came(pair, monkeypatch):
+    monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
+    ours, theirs = pair
+    ack, ack_peer = socket.socketpair()
+    with ack, ack_peer:
+        ack.setblocking(False)
+        events = []
+        awaited = [True]
+
+        def take_acks() -> bool:
+            try:
+                events.append(ack.recv(16))
+            except BlockingIOError:
+                return False
+            awaited[0] = False   # the put's last ack: nothing is awaited any more
+            theirs.sendall(b"next")
+            return True
+
+        def idle_work() -> bool:
+            events.append("idle work")
+            return False
+
+        async def ack_task() -> None:
+            await trio.lowlevel.wait_readable(ack)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ack_task)
+            await trio.testing.wait_all_tasks_blocked()
+            busy = BusyPoll(LONG_US, idle_work, ready_work=take_acks, awaiting=lambda: awaited[0])
+            threading.Timer(0.05, ack_peer.sendall, (b"ack",)).start()
+            assert busy.reader(ours).read(1024) == b"next"
+            assert events == [b"ack", "idle work"]   # not before the ack
+            nursery.cancel_scope.cancel()

@@ -63,7 +63,8 @@ async def test_the_status_reads_the_counters_busy_poll_replication_and_controlle
     counts.open = 2
     reply = status()
     assert reply["connections"] == 2 and reply["busy_poll"] == {
-        "window_us": 0, "reads": 0, "seconds": 0.0, "loop_polls": 0, "loop_polls_woken": 0, "loop_seconds": 0.0}
+        "window_us": 0, "reads": 0, "seconds": 0.0, "loop_polls": 0, "loop_polls_woken": 0, "loop_seconds": 0.0,
+        "ready_taken": 0}
     assert (reply["client_address"], reply["ha_address"], reply["metrics_address"]) == (
         "127.0.0.1:1001", "127.0.0.1:1002", "127.0.0.1:1003")
     assert reply["replication"] is replication
