@@ -16,6 +16,7 @@ from ..errors import AuthError, ConnectionLostError, FrameError, NodeError, Requ
 from ..wire import protocol
 from ..wire.address import address_problem, split_address
 from ..wire.auth import auth_digest
+from ..wire.loop_view import LoopView
 from ..wire.protocol import FrameDecoder, RequestCode, ResponseCode
 from ..wire.socket_io import read_now, receive_some, write_now
 from .values import error_from_reply
@@ -25,6 +26,7 @@ CONNECT_TIMEOUT_MS = 5_000
 REQUEST_TIMEOUT_MS = 30_000
 SEND_TIMEOUT_MS = 30_000    # to write one request frame (a node that stops reading)
 RETIRE_POLL_S = 0.005       # how often a connection closing after its last reply looks
+LEADER_WAIT_S_MAX = 1.0     # a leader's wait in place goes back through trio at least this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,7 @@ class ConnectionStatistics:
     reads_by_callers: int
     reads_in_background: int
     handovers: int
+    waits_in_place: int = 0   # leaders' waits for the socket in poll(2), not through trio's loop
 
 
 # --- connection --------------------------------------------------------------------------
@@ -91,8 +94,19 @@ class Connection:
         # a socket stream is read and written here without trio's stream wrapper
         self._socket = stream.socket if type(stream) is trio.SocketStream else None
         self._idle_poll = select.poll()   # has the node sent anything (or closed) since the last read?
+        # a leader's wait for its reply in place (``_waited_in_place``): the socket, and the
+        # loop's descriptor (any other I/O, a timer's or a thread's wake-up ends the wait)
+        self._loop: LoopView | None = None
+        self._leader_poll = None
         if self._socket is not None:
             self._idle_poll.register(self._socket.fileno(), select.POLLIN)
+            loop = LoopView.of_current_run()
+            if loop is not None and loop.real_clock:
+                self._loop = loop
+                poller = select.poll()
+                poller.register(self._socket.fileno(), select.POLLIN)
+                poller.register(loop.epoll_fd, select.POLLIN)
+                self._leader_poll = poller.poll
         self._pending: dict[int, _Pending] = {}
         self._reader: _Pending | str | None = None      # who reads replies (see above)
         self._leader_scope: trio.CancelScope | None = None
@@ -106,12 +120,12 @@ class Connection:
         self._send_lock = trio.Lock()
         self._scope: trio.CancelScope | None = None
         self.closed_error: Exception | None = None
-        self._caller_reads = self._background_reads = self._handovers = 0
+        self._caller_reads = self._background_reads = self._handovers = self._waits_in_place = 0
         self._spoke_protocol = False   # a well-formed reply came: the peer is a node's client port
 
     def statistics(self) -> ConnectionStatistics:
         return ConnectionStatistics(self._next_opaque - 1, self._caller_reads, self._background_reads,
-                                    self._handovers)
+                                    self._handovers, self._waits_in_place)
 
     @property
     def closed(self) -> bool:
@@ -261,12 +275,13 @@ class Connection:
             if socket is not None:
                 while not pending.event.is_set():
                     # the reply cannot be there yet (the request just left): wait, then read
-                    try:
-                        await trio.lowlevel.wait_readable(socket)
-                    except trio.ClosedResourceError:
-                        if socket.fileno() < 0:
-                            raise
-                        continue  # woken by _wake while the socket is open: the loop's condition says why
+                    if not self._waited_in_place():
+                        try:
+                            await trio.lowlevel.wait_readable(socket)
+                        except trio.ClosedResourceError:
+                            if socket.fileno() < 0:
+                                raise
+                            continue  # woken by _wake while the socket is open: the loop's condition says why
                     data = read_now(socket, RECEIVE_BYTES)
                     if data is not None:
                         self._caller_reads += 1
@@ -287,6 +302,23 @@ class Connection:
                 self._reader = _BACKGROUND
                 self._handovers += 1
                 self._background_wanted.unpark()
+
+    def _waited_in_place(self) -> bool:
+        """Whether the socket turned readable in a wait right here, in ``poll(2)``, with no
+        pass of trio's loop: only while the loop has nothing else to do (no task runnable, no
+        event waiting); the wait ends at its next deadline or at any of its I/O, and a wait
+        that ends without the socket's bytes says so (the caller then waits through trio).
+        What it saves is the loop's pass that wakes the leader: a caller alone on its
+        connection, as redis-py's blocking read is."""
+        loop = self._loop
+        if loop is None or loop.runnable() or loop.ready(0):
+            return False
+        timeout_s = loop.seconds_to_next_deadline()
+        if timeout_s <= 0:
+            return False
+        ready = self._leader_poll(min(timeout_s, LEADER_WAIT_S_MAX) * 1000)
+        self._waits_in_place += 1
+        return bool(ready) and ready[0][0] != loop.epoll_fd   # the socket (registered first, listed first)
 
     def _read_while_idle(self) -> None:
         """With nobody reading: take what the node sent (frames, or its close) without waiting."""

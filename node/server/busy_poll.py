@@ -41,8 +41,7 @@ polling off.
 
 The loop's epoll descriptor is not public in trio, and the two figures the checks need
 (runnable tasks, next deadline) are public only through ``trio.lowlevel.current_statistics``,
-which also counts every registered descriptor's waiters: 2 µs a call with a few
-connections, 39 µs with a thousand, on every read. ``_LoopView`` looks the three up once in
+at a cost on every read; ``LoopView`` (node/wire/loop_view.py) looks the three up once in
 trio's runner. Where it cannot (another trio version, another platform's I/O backend),
 busy polling is off and the node says so once in its log.
 """
@@ -57,6 +56,7 @@ from dataclasses import dataclass
 
 import trio
 
+from ..wire.loop_view import LoopView
 from ..wire.socket_io import read_now, receive_some
 from .dispatch_loop import serve_dispatch
 
@@ -342,23 +342,11 @@ class _LoopWaitPolling:
         return polled_get_events
 
 
-class _LoopView:
-    """What the checks read of the running trio loop, looked up once in its runner (trio
-    0.2x-0.3x on Linux): whether its epoll descriptor has events waiting, how many tasks
-    are runnable, and the seconds to its next deadline (what ``current_statistics`` reports
-    for the last two)."""
+class _LoopView(LoopView):
+    """The running loop (node/wire/loop_view.py), and whether a task other than the
+    dispatch task needs it."""
 
-    __slots__ = ("epoll_fd", "ready", "runnable", "_run_queue", "_next_deadline", "_now")
-
-    def __init__(self, epoll_fd: int, run_queue, deadlines, clock) -> None:
-        poller = select.poll()
-        poller.register(epoll_fd, select.POLLIN)
-        self.epoll_fd = epoll_fd
-        self.ready = poller.poll          # ready(0): events wait for the loop
-        self.runnable = run_queue.__len__
-        self._run_queue = run_queue
-        self._next_deadline = deadlines.next_deadline
-        self._now = clock.current_time
+    __slots__ = ()
 
     def others_runnable(self) -> bool:
         """Whether a runnable task would wait for a poll: two or more, or one that is not the
@@ -368,19 +356,3 @@ class _LoopView:
         if count != 1:
             return count > 1
         return getattr(run_queue[0].coro, "cr_code", None) is not _DISPATCH_CODE
-
-    def seconds_to_next_deadline(self) -> float:
-        return self._next_deadline() - self._now()
-
-    @classmethod
-    def of_current_run(cls) -> "_LoopView | None":
-        """The view of the trio loop this runs in, or None where trio keeps these elsewhere."""
-        try:
-            from trio._core._run import GLOBAL_RUN_CONTEXT
-            runner = GLOBAL_RUN_CONTEXT.runner
-            epoll = runner.io_manager._epoll
-            if not isinstance(epoll, select.epoll):   # select.epoll itself is Linux only
-                return None
-            return cls(epoll.fileno(), runner.runq, runner.deadlines, runner.clock)
-        except (ImportError, AttributeError):
-            return None

@@ -441,3 +441,65 @@ async def test_a_request_queued_behind_a_write_when_authentication_fails_is_a_re
         assert outcome == {"leader": "AuthError", "big": "AuthError", "queued": "AuthError"}
         assert [r["tag"] for r in node.requests][:2] == ["leader", "big"]
         nursery.cancel_scope.cancel()
+
+
+def _thread_node(sock: socket.socket, count: int) -> None:
+    """A node on a thread of its own: answers ``count`` requests, echoing each one's tag."""
+    decoder = FrameDecoder()
+    answered = 0
+    while answered < count:
+        data = sock.recv(1 << 20)
+        if not data:
+            return
+        for request in decoder.feed(data):
+            sock.sendall(encode_frame({"code": 0, "opaque": request["opaque"], "flags": 1, "echo": request["tag"]}))
+            answered += 1
+
+
+@pytest.mark.trio
+async def test_a_caller_alone_waits_for_its_reply_in_place_when_the_loop_has_nothing_else_to_do():
+    # the reply comes from another thread: nothing in this loop needs it meanwhile, so the
+    # leader waits in poll(2) instead of a pass of trio's loop
+    import threading
+    ours, theirs = socket.socketpair()
+    node = threading.Thread(target=_thread_node, args=(theirs, 5), daemon=True)
+    node.start()
+    async with trio.open_nursery() as nursery:
+        connection = await connect_stream(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "thread", nursery)
+        replies = [await connection.request(RequestCode.STATUS, tag=f"r{i}") for i in range(5)]
+        assert [r["echo"] for r in replies] == [f"r{i}" for i in range(5)]
+        assert connection.statistics().waits_in_place >= 1
+        nursery.cancel_scope.cancel()
+    node.join(10)
+    theirs.close()
+
+
+@pytest.mark.trio
+async def test_a_leader_does_not_wait_in_place_while_another_task_needs_the_loop():
+    # the node is a task of this loop: its read makes the loop's descriptor ready, and the
+    # leader's wait then goes through trio, or the node would never answer
+    async with trio.open_nursery() as nursery:
+        connection, node = await _open(nursery, "socket")
+
+        async def answer_each():
+            for i in range(3):
+                await node.wait_requests(i + 1)
+                await node.answer(node.requests[i], echo=node.requests[i]["tag"])
+        nursery.start_soon(answer_each)
+        with trio.fail_after(10):
+            replies = [await connection.request(RequestCode.STATUS, tag=f"r{i}") for i in range(3)]
+        assert [r["echo"] for r in replies] == ["r0", "r1", "r2"]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_wait_in_place_still_ends_at_the_callers_deadline():
+    ours, theirs = socket.socketpair()
+    async with trio.open_nursery() as nursery:
+        connection = await connect_stream(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "silent", nursery)
+        started = trio.current_time()
+        with trio.move_on_after(0.2) as scope:
+            await connection.request(RequestCode.STATUS, tag="never answered")
+        assert scope.cancelled_caught and trio.current_time() - started < 5
+        nursery.cancel_scope.cancel()
+    theirs.close()
