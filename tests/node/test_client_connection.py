@@ -503,3 +503,22 @@ async def test_a_wait_in_place_still_ends_at_the_callers_deadline():
         assert scope.cancelled_caught and trio.current_time() - started < 5
         nursery.cancel_scope.cancel()
     theirs.close()
+
+
+@pytest.mark.trio
+async def test_requests_that_overlap_are_not_waited_for_in_place():
+    # two callers with requests in flight together: their replies are read through trio
+    import threading
+    ours, theirs = socket.socketpair()
+    node = threading.Thread(target=_thread_node, args=(theirs, 6), daemon=True)
+    node.start()
+    async with trio.open_nursery() as nursery:
+        connection = await connect_stream(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "thread", nursery)
+        for round_ in range(3):
+            async with trio.open_nursery() as callers:
+                for caller in range(2):
+                    callers.start_soon(partial(connection.request, RequestCode.STATUS, tag=f"{round_}-{caller}"))
+        assert connection.statistics().waits_in_place == 0
+        nursery.cancel_scope.cancel()
+    node.join(10)
+    theirs.close()
