@@ -311,9 +311,9 @@ class _PendingReplies:
         """Wait for ``outcome``'s reply; its in-flight place is taken already."""
         self._waiting += 1
         self._state.in_progress += 1
-        outcome.start(self._deliver)
+        outcome.start(self._deliver, encoded=True)
 
-    def _deliver(self, reply: dict) -> None:
+    def _deliver(self, reply: dict | bytes) -> None:
         self._waiting -= 1
         self._state.in_progress -= 1
         self._in_flight.release()
@@ -321,7 +321,7 @@ class _PendingReplies:
             self._drained.set()
         if self._closed:
             return
-        encoded = _encode_reply(reply)
+        encoded = reply if type(reply) is bytes else _encode_reply(reply)
         limits, state = self._limits, self._state
         limits.hold(state, len(encoded))
         if state.closed_reason is not None:

@@ -34,7 +34,7 @@ from .message_forms import (BODY_AND_PROPERTIES, check_message_columns, message_
 from .metrics import NodeMetrics
 from .pull_waiters import PullWaiters
 from .put_waits import REPLICA_FAILURE_REASONS, ROLE_FAILURE, PendingReply, when_replicated
-from .send_replies import end_of, send_reply
+from .send_replies import end_of, send_reply, success_reply
 from ..wire.protocol import Fields, RequestCode
 from .role import RoleMachine
 from .sys_config import SysConfig
@@ -238,10 +238,13 @@ class RequestHandlers:
 
         def reply(failure: tuple[PutStatus, str] | None) -> dict:
             return self._send_reply(queue_ids, results, started, failure, columns, transposed)
+
+        def success() -> tuple[dict, Callable[[], None]] | None:
+            return success_reply(queue_ids, results, columns, self._tally, started, transposed)
         if end and replicas is not None and not self._sync_flush and replicas.sync_replication:
             service = replicas.ha_service
             if service is not None and service.answers_waiting_puts:
-                return when_replicated(end, service, replicas, epoch, reply)
+                return when_replicated(end, service, replicas, epoch, reply, success)
         return self._when_durable(end, replicas, epoch, reply)
 
     def _when_durable(self, end: int, replicas, epoch: int,

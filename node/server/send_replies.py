@@ -13,6 +13,7 @@ every written message's status. The puts are counted in ``tally`` as the reply i
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from store import PutColumns, PutResult, PutStatus
 
@@ -99,3 +100,29 @@ def _statuses(results, status_column: tuple, wrote_bytes: tuple, failure: Failur
         reasons.append(reason)
     tally.count_put(ok_count, ok_bytes, count - ok_count, time.perf_counter() - started)
     return statuses, reasons
+
+
+class _HeldCount:
+    """A tally that keeps the one count a reply's building makes, for later."""
+
+    __slots__ = ("put",)
+
+    def __init__(self) -> None:
+        self.put: tuple[int, int, int, float] | None = None
+
+    def count_put(self, ok_count: int, ok_bytes: int, failed: int, latency_s: float) -> None:
+        self.put = (ok_count, ok_bytes, failed, latency_s)
+
+
+def success_reply(queue_ids: list[int], results: list[PutResult] | PutColumns, columns: bool, tally: RequestTally,
+                  started: float, transposed: tuple | None = None) -> tuple[dict, Callable[[], None]] | None:
+    """``send_reply`` with no failure, built ahead of its outcome (a sync put's, while the
+    replicas work), and a call that counts the puts in ``tally`` once it is the answer,
+    with the latency of that moment; None when a message was refused (not worth it)."""
+    held = _HeldCount()
+    reply = send_reply(queue_ids, results, None, columns, held, started, transposed)
+    ok_count, ok_bytes, failed, _ = held.put
+
+    def count() -> None:
+        tally.count_put(ok_count, ok_bytes, failed, time.perf_counter() - started)
+    return (reply, count) if not failed else None

@@ -47,7 +47,7 @@ class SyncMaster:
         self.role = RoleMachine(Role.MASTER, 1, "127.0.0.1:10911")
         self.runtime = HaRuntime(self.config, self.store, self.role, sys_config, self.epochs, [], "127.0.0.1:1",
                                  "127.0.0.1:10911")
-        metrics = NodeMetrics("m")
+        metrics = self.metrics = NodeMetrics("m")
         self.handlers = RequestHandlers(self.config, self.store, self.role, sys_config, metrics,
                                         replicas=self.runtime)
         self.server = ClientServer(self.config, self.handlers, metrics)
@@ -272,4 +272,38 @@ async def test_a_connection_closed_while_its_put_waits_ends_and_the_ack_still_co
             await master.ack(master.store.max_physical_offset)
             ((_, reply),) = await _replies(other, 1, FrameDecoder())
             assert reply["opaque"] == 2 and reply["results"][0]["status"] == "PUT_OK"
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_success_reply_built_ahead_is_counted_at_the_ack_and_only_then(sync_master, autojump_clock):
+    master = sync_master()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await master.start(nursery)
+            client = master.connect(nursery)
+            await client.send_all(_send(5))
+            await trio.sleep(0.25)
+            assert master.metrics.tally.put_messages == 0   # built, not counted: no ack yet
+            await master.ack(master.store.max_physical_offset)
+            ((_, reply),) = await _replies(client, 1, FrameDecoder())
+            assert reply["opaque"] == 5 and reply["results"][0]["status"] == "PUT_OK"
+            tally = master.metrics.tally
+            assert tally.put_messages == 1 and sum(tally.put_latency_counts) == 1   # once
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_master_of_an_older_epoch_at_the_ack_answers_no_ack_not_the_reply_built_ahead(sync_master,
+                                                                                            autojump_clock):
+    master = sync_master()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await master.start(nursery)
+            client = master.connect(nursery)
+            await client.send_all(_send(6))
+            await trio.sleep(0.2)
+            master.role.change(Role.MASTER, 2)   # a new term: what the put's term wrote is not acked by it
+            await master.ack(master.store.max_physical_offset)
+            ((_, reply),) = await _replies(client, 1, FrameDecoder())
+            assert reply["results"][0]["status"] == "SERVICE_NOT_AVAILABLE"
+            assert master.metrics.tally.put_messages == 0
             nursery.cancel_scope.cancel()
