@@ -106,8 +106,8 @@ class MappedFile:
         soon as this returns.
         """
         view = memoryview(data).cast("B")
-        invariant(0 <= position and position + len(view) <= self.size,
-                  f"{self.path}: write of {len(view)} bytes at {position} is outside the file")
+        if position < 0 or position + len(view) > self.size:   # the message only when it is needed
+            invariant(False, f"{self.path}: write of {len(view)} bytes at {position} is outside the file")
         if populate and len(view) > WRITE_POPULATE_BYTES_MIN:  # a small write's fadvise cost more
             self.populate(position, position + len(view))
         while view:

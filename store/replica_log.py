@@ -127,9 +127,10 @@ def check_chunk(data, offset: int, segment_bytes: int) -> list[int]:
     if segment_position + len(data) > segment_bytes:
         raise ChunkError(f"chunk at {offset} of {len(data)} bytes crosses a segment boundary")
     unpack = codec.BLANK_HEADER.unpack_from
-    positions = _alike_positions(data)
-    if positions is not None:
-        return positions
+    if len(data) >= _ALIKE_RECORDS_MIN * codec.HEADER.size:   # else too few records to be worth it
+        positions = _alike_positions(data)
+        if positions is not None:
+            return positions
     positions = []
     add_position = positions.append
     position = 0

@@ -295,7 +295,8 @@ class Producer:
             results = reply["results"]
             columns = {name: [item.get(name, "") for item in results] for name in _RESULT_COLUMNS}
         statuses = columns["status"]
-        invariant(all(len(columns[name]) == len(batch.messages) for name in _RESULT_COLUMNS),
+        # the columns' lengths mapped in C (no frame per column, as a generator would take)
+        invariant(set(map(len, map(columns.__getitem__, _RESULT_COLUMNS))) == {len(batch.messages)},
                   "a send reply has one result per message in each column")
         uniq_keys = [message.uniq_key for message in batch.messages]
         rows = zip(statuses, columns["queue_id"], columns["queue_offset"], columns["physical_offset"],

@@ -218,6 +218,11 @@ def opaque_of(payload: object) -> int | None:
 _REQUIRED = object()
 
 
+# topic names found legal, kept (up to a bound) so a request's topic is not checked again
+LEGAL_TOPICS_KEPT = 4096
+_LEGAL_TOPICS: set[str] = set()
+
+
 class Fields:
     """Typed access to a request's fields; a bad one raises BAD_REQUEST naming the field."""
 
@@ -297,9 +302,12 @@ class Fields:
         value = self._get(name, _REQUIRED)
         if not isinstance(value, str):
             raise self._fail(name, "a string", value)
-        problem = codec.topic_problem(value)
-        if problem:
-            raise RequestError("TOPIC_ILLEGAL", f"{value[:160]!r}: {problem}")
+        if value not in _LEGAL_TOPICS:   # a regular expression and an encoding per request, else
+            problem = codec.topic_problem(value)
+            if problem:
+                raise RequestError("TOPIC_ILLEGAL", f"{value[:160]!r}: {problem}")
+            if len(_LEGAL_TOPICS) < LEGAL_TOPICS_KEPT:
+                _LEGAL_TOPICS.add(value)
         if not allow_system and value.startswith(SYS_TOPIC_PREFIX):
             raise RequestError("NO_PERMISSION", f"topic {value!r} is reserved for the node's own records")
         return value
