@@ -429,8 +429,8 @@ def status_command(bootstrap, secret, as_json) -> None:
         click.echo(f"  busy polling: {polling['window_us']} us window, {polling['reads']} requests read by "
                    f"polling, {polling['seconds']:.3f} s spent polling; the loop's waits: "
                    f"{polling.get('loop_polls', 0)} polled, {polling.get('loop_polls_woken', 0)} ended by I/O, "
-                   f"{polling.get('loop_seconds', 0):.3f} s; {polling.get('ready_taken', 0)} polls kept on by I/O taken "
-                   f"at once (a master's acks)" if polling["window_us"] else "  busy polling: off")
+                   f"{polling.get('loop_seconds', 0):.3f} s; {polling.get('ready_taken', 0)} polls kept on by "
+                   f"I/O taken at once (a master's acks)" if polling["window_us"] else "  busy polling: off")
 
 
 def _clients_line(clients: dict) -> str:

@@ -21,9 +21,13 @@ and no other task waits for it:
   one-at-a-time sync put back for the whole window: with busy_poll_us 200, a master with
   two all-ack slaves spent 910-950 µs of CPU a single send at a p50 of 1.6-1.7 ms, and
   770-800 µs at 1.4-1.45 ms without that wait (node/bench/sync_compare.py, alternated runs).
-- **Other I/O during the poll.** The loop's own epoll descriptor is polled with the socket:
-  another connection's request, a replication frame, or a wake-up from a thread (all of
-  them registered there) ends the poll at once.
+- **Other I/O during the poll.** The loop's own epoll descriptor is polled with the socket
+  (one ``poll(2)`` for both): another connection's request, a replication frame, or a
+  wake-up from a thread (all of them registered there) ends the poll at once, unless
+  ``ready_work`` takes it (a master's acks, replication/ack_reader.py) and nothing else
+  waits then. A sync put's reply then leaves from the poll itself, and the poll goes on for
+  the client's next request. While a put waits for its acks (``awaiting``), the dispatch
+  pass waits until they came (run first, it held the first ack back).
 - **Timers.** The loop's next deadline ends the poll.
 - **Time.** A reader that keeps getting requests by polling still passes through trio's
   scheduler at least every ``YIELD_INTERVAL_S`` (a checkpoint, after which it polls again).
