@@ -12,8 +12,8 @@ import trio
 from replication.errors import ReplicaWaitError
 from store import PutStatus
 
-from ..wire import protocol
 from ..errors import FrameError
+from ..wire import protocol
 from ..wire.protocol import RequestCode
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class PendingReply:
             deliver(reply)
             return
         self._deliver = deliver
-        if encoded and self._success is not None:
+        if encoded and self._success is not None and self._may_ack is not None:
             self._build_ahead()
 
     def _build_ahead(self) -> None:
