@@ -182,8 +182,10 @@ class PollingReader:
             return None
         loop = busy._loop
         loop_ready = loop.ready
-        if loop.others_runnable() or loop_ready(0):
-            self._since = None   # others need the loop: through trio, as receive_some would go
+        # others need the loop: through trio, as receive_some would go (but I/O that
+        # ready_work takes, acks that came while the put's frames were being sent, does not)
+        if loop.others_runnable() or (loop_ready(0) and not self._take_ready(busy, loop)):
+            self._since = None
             return None
         socket = self._socket
         data = read_now(socket, max_bytes)

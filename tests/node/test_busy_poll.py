@@ -450,3 +450,34 @@ async def test_the_idle_work_waits_while_acks_are_awaited_and_runs_once_they_cam
             assert busy.reader(ours).read(1024) == b"next"
             assert events == [b"ack", "idle work"]   # not before the ack
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_io_ready_when_the_read_starts_is_taken_by_ready_work_too(pair, monkeypatch):
+    # an ack that came while the put's frames were being sent: taken at the read's start
+    monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
+    ours, theirs = pair
+    ack, ack_peer = socket.socketpair()
+    with ack, ack_peer:
+        ack.setblocking(False)
+        taken = []
+
+        def take_acks() -> bool:
+            try:
+                taken.append(ack.recv(16))
+            except BlockingIOError:
+                return False
+            theirs.sendall(b"next")
+            return True
+
+        async def ack_task() -> None:
+            await trio.lowlevel.wait_readable(ack)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ack_task)
+            await trio.testing.wait_all_tasks_blocked()
+            ack_peer.sendall(b"ack")   # before the read
+            busy = BusyPoll(LONG_US, ready_work=take_acks)
+            assert busy.reader(ours).read(1024) == b"next"
+            assert taken == [b"ack"] and busy.statistics().ready_taken == 1
+            nursery.cancel_scope.cancel()
