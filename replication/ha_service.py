@@ -43,10 +43,10 @@ from store.codec import BLANK_HEADER, BLANK_MAGIC
 from store.errors import StoreError
 
 from . import protocol
+from .ack_reader import AckReaders
 from .epochs import EpochEntry, Resync, find_resync
 from .errors import (FlushSlaveTimeout, HaAuthError, HaProtocolError, InSyncReplicasNotEnough, ReplicationError,
                      ReplicationFenced, expected_failure)
-from .ack_reader import AckReaders
 from .log_sender import LogSenders
 from .protocol import Handshake, Hello, Welcome
 from .store_protocol import ReplicaStore
