@@ -32,6 +32,9 @@ CONFIRM before it go in one ``writev``, not concatenated first.
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import trio
 
 from . import protocol
@@ -48,6 +51,7 @@ from .transport import send_now, writev_now
 # master with two slaves from 26.3-28.1k to 30.3-32.2k msgs/s (three alternated pairs).
 INLINE_READ_BYTES_MAX = 2 * 1024 * 1024
 DIRECT_SEND_BYTES_MAX = 64 * 1024     # a put writes a parked sender's frame up to this
+log = logging.getLogger(__name__)
 IDLE_POLL_MS = 10                      # fallback when a writer did not call notify_appended
 
 
@@ -84,6 +88,7 @@ class LogSenders:
         self.frames_built = 0    # frames read and checksummed on the trio thread (``_frame``)
         self.frames_shared = 0   # frames ``_frame`` served again to another sender
         self._last_frame: tuple[tuple[int, int, int], tuple[bytes, memoryview]] | None = None
+        self._loop_thread = threading.get_ident()   # made on the trio thread: the put path's
 
     @property
     def parked(self) -> int:
@@ -97,7 +102,28 @@ class LogSenders:
             for sender in tuple(self._parked):
                 self._send_direct(sender)
 
-    def _send_direct(self, sender: _Sender) -> None:
+    def appended_run(self, offset: int, data: bytes) -> None:
+        """The store's ``run_listener``: records just placed at ``offset`` go to each parked
+        sender that has sent the log up to there, as ``notify_appended`` would send them, but
+        from the put's own bytes (no read of the log back) and before the rest of the put's
+        work: the slaves start sooner (one send at a time, alternated probe runs: p50 175 /
+        172 / 170 / 177 -> 164 / 165 / 170 / 168 us). Anything else waits for
+        ``notify_appended``; so does a write on another thread than the loop's."""
+        if not self._parked or len(data) > DIRECT_SEND_BYTES_MAX or threading.get_ident() != self._loop_thread:
+            return
+        try:
+            if len(data) > self.frame_limit(offset):
+                return
+            frame = None
+            for sender in tuple(self._parked):
+                if sender.offset == offset and sender.direct:
+                    if frame is None:
+                        frame = (protocol.data_header(offset, data), memoryview(data))
+                    self._send_direct(sender, frame)
+        except Exception:   # a put's bytes are in the log: its write must not fail for this
+            log.exception("sending a put's records at %d to the slaves failed", offset)
+
+    def _send_direct(self, sender: _Sender, frame: tuple[bytes, memoryview] | None = None) -> None:
         store = self.store
         offset = sender.offset
         behind = store.max_offset - offset
@@ -105,7 +131,7 @@ class LogSenders:
             return
         if sender.direct and behind <= DIRECT_SEND_BYTES_MAX:
             try:
-                header, data = self._frame(offset)
+                header, data = self._frame(offset) if frame is None else frame
                 # before the write: an ack past sent_offset is a protocol error
                 sender.replica.sent_offset = sender.offset = offset + len(data)
                 confirm = self._confirm_frame(sender)

@@ -146,6 +146,10 @@ class CommitLog:
         self._closed = False
         self._populate_at = 0          # ask for the window ahead again once max_offset passes this
         self.written_runs = WrittenRuns()
+        # told (first offset, bytes) of each run of records ``append`` placed, as soon as it is
+        # in the log, under the write lock: a master sends it to its slaves before the rest of
+        # the put's work (replication/log_sender.py, ``appended_run``). It must not raise.
+        self.run_listener: Callable[[int, bytes], None] | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
     def load(self) -> None:
@@ -254,6 +258,8 @@ class CommitLog:
             self.put_bytes += position - self.max_offset
             self.written_runs.add(positions, position)
         self.max_offset = position
+        if pieces and self.run_listener is not None:
+            self.run_listener(position - len(data), data)
         if index < count:
             self._close_segment(segment)
         return index
@@ -314,6 +320,8 @@ class CommitLog:
         self.put_bytes += len(data)
         self.max_offset += len(data)
         self.written_runs.add(positions, self.max_offset)
+        if self.run_listener is not None:
+            self.run_listener(positions[0], data)
         return positions, queue_offsets
 
     def append_bytes(self, offset: int, data, positions: list[int] | None = None, *,

@@ -141,6 +141,7 @@ class HaRuntime:
         self.store.limit_reads_to_confirm_offset(self.config.zk_hosts is not None)
         self._service_part = await self._start_part("ha-service", serve_ha, service, self.ha_listeners)
         self.ha_service = service
+        self.store.commit_log.run_listener = service.senders.appended_run   # a put's frames before its reply's work
         self.role.change(Role.MASTER, epoch, self.client_address)
         log.info("node %s is master in epoch %d from offset %d", self.config.node_id, epoch,
                  self.store.max_physical_offset)
@@ -254,6 +255,7 @@ class HaRuntime:
         return part
 
     async def _stop_service(self, reason: str) -> None:
+        self.store.commit_log.run_listener = None
         if self._service_part is not None:
             self.ha_service.fence(reason)
             await self._service_part.stop()

@@ -289,3 +289,35 @@ async def test_a_frame_is_not_shared_once_the_log_grew(open_store, autojump_cloc
         nursery.cancel_scope.cancel()
     assert len(longer) > len(data) and longer_header != header
     assert senders.frames_built == 2 and senders.frames_shared == 0
+
+
+async def test_a_puts_run_goes_to_caught_up_slaves_from_the_puts_own_bytes(open_store, autojump_clock):
+    # the store's run_listener: sent as the records land, with no read of the log back;
+    # notify_appended after the put then finds the slave caught up and sends nothing more
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, replica, slave = await _senders(store, nursery)
+        nursery.start_soon(slave.run)
+        store.commit_log.run_listener = senders.appended_run
+        (result,) = put(store, 1)
+        assert replica.sent_offset == result.end_offset   # sent from inside the put
+        senders.notify_appended()
+        await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert senders.frames_built == 0 and senders.direct_sends == 1 and senders.task_wakes == 0
+    assert [(kind, offset, size) for _, kind, offset, size in slave.frames if kind == "data"] == [
+        ("data", result.physical_offset, result.end_offset - result.physical_offset)]
+
+
+async def test_a_run_written_on_another_thread_waits_for_notify_appended(open_store, autojump_clock):
+    store = open_store("m")
+    async with trio.open_nursery() as nursery:
+        senders, replica, slave = await _senders(store, nursery)
+        nursery.start_soon(slave.run)
+        store.commit_log.run_listener = senders.appended_run
+        (result,) = await trio.to_thread.run_sync(put, store, 1)
+        assert senders.direct_sends == 0   # not from the worker thread
+        senders.notify_appended()
+        await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    assert replica.sent_offset == result.end_offset and senders.frames_built == 1   # read back, by the loop

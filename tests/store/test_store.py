@@ -390,3 +390,16 @@ def test_store_directory_lock_and_closed_store(tmp_path):
     with pytest.raises(StoreClosedError):
         first.put(Message(topic="T", body=b"x"))
     assert not os.path.exists(tmp_path / "s" / "abort")
+
+
+def test_the_run_listener_is_told_each_run_of_records_as_it_lands(open_store):
+    store = open_store()
+    told = []
+    store.commit_log.run_listener = lambda offset, data: told.append((offset, bytes(data), store.commit_log.max_offset))
+    (one,) = store.put_batch([Message("t", b"single")])
+    batch = store.put_batch([Message("t", b"m%d" % i) for i in range(5)])
+    log = store.commit_log
+    assert [(offset, end) for offset, _, end in told] == [(one.physical_offset, one.end_offset),
+                                                          (batch[0].physical_offset, batch[-1].end_offset)]
+    for offset, data, end in told:   # the log's own bytes, and the log's end already past them
+        assert data == bytes(log.segments.find(offset).mm[offset:end])
