@@ -14,7 +14,7 @@ two slaves' acks took 22-30 µs from the slave's write to the master's read of i
 that calls ``take_now`` when the loop's descriptor turns ready reads the acks itself, and
 the put's reply leaves from that call (put_waits.py), with no task woken.
 
-Both ways read the same way: whatever the socket holds (``os.readv``, never waiting), whole
+Both ways read the same way: whatever the socket holds (``read_into_now``, never waiting), whole
 acks applied, a piece of one kept for the next read. Several acks read at once are each
 checked (never backwards, never past what was sent to that slave) and only the last one is
 applied: acks are offsets, the last says all the others do. A read that finds nothing (the
@@ -28,7 +28,6 @@ Streams that are not sockets (in-memory streams in tests) are read by their task
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable
 
 import trio
@@ -36,7 +35,7 @@ import trio
 from . import protocol
 from .errors import HaProtocolError, ReplicationError
 from .sync_state import ReplicaProgress
-from .transport import PeerClosed, StreamReader
+from .transport import PeerClosed, StreamReader, read_into_now
 
 log = logging.getLogger(__name__)
 
@@ -126,16 +125,10 @@ class AckReaders:
 
     def _take(self, connection: _Connection) -> bool:
         """What the socket holds now, applied; whether it held anything."""
-        fd = connection.socket.fileno()
-        if fd < 0:
-            raise trio.ClosedResourceError("the socket was closed")
         buffer = self._buffer
-        try:
-            count = os.readv(fd, (buffer,))
-        except BlockingIOError:
+        count = read_into_now(connection.socket, buffer)
+        if count is None:
             return False
-        except OSError as error:
-            raise trio.BrokenResourceError(f"receive failed: {error}") from error
         if count == 0:
             raise PeerClosed("the peer closed the connection")
         self._apply(connection, buffer[:count])

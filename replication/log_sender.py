@@ -44,6 +44,8 @@ from .store_protocol import ReplicaStore
 from .sync_state import ReplicaProgress
 from .transport import send_now, writev_now
 
+log = logging.getLogger(__name__)
+
 # A sender at most this far behind the log's end reads and checksums its frame inline (recent
 # bytes: in the page cache, a CRC of 2 MiB is ~0.2 ms); further behind, in a worker thread
 # (older bytes may need the disk). At 256 KiB, batched sends (8 batches of ~70 KB in flight)
@@ -51,7 +53,6 @@ from .transport import send_now, writev_now
 # master with two slaves from 26.3-28.1k to 30.3-32.2k msgs/s (three alternated pairs).
 INLINE_READ_BYTES_MAX = 2 * 1024 * 1024
 DIRECT_SEND_BYTES_MAX = 64 * 1024     # a put writes a parked sender's frame up to this
-log = logging.getLogger(__name__)
 IDLE_POLL_MS = 10                      # fallback when a writer did not call notify_appended
 
 

@@ -44,6 +44,21 @@ def write_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> int:
     return _write_now(stream, os.write, data)
 
 
+def read_into_now(socket, view: memoryview) -> int | None:
+    """Bytes a socket held now, read into ``view`` (0 at the end of the stream), or None when
+    none wait. Never a scheduling point. ClosedResourceError once the socket is closed,
+    BrokenResourceError if the read failed."""
+    fd = socket.fileno()   # -1 once closed, never a reused number
+    if fd < 0:
+        raise trio.ClosedResourceError("the socket was closed")
+    try:
+        return os.readv(fd, (view,))
+    except BlockingIOError:
+        return None
+    except OSError as error:
+        raise trio.BrokenResourceError(f"receive failed: {error}") from error
+
+
 def writev_now(stream: trio.abc.SendStream, parts) -> int:
     """``write_now`` for the concatenation of ``parts`` (bytes-likes) in one ``os.writev``,
     without building it. Same answers and errors; never a scheduling point."""
@@ -111,16 +126,11 @@ class StreamReader:
                 await trio.lowlevel.checkpoint()
             socket = self._socket
             while True:
-                fd = socket.fileno()
-                if fd < 0:
-                    raise trio.ClosedResourceError("the socket was closed")
-                try:
-                    return os.readv(fd, (view,))
-                except BlockingIOError:
-                    self._reads_unyielded = 0
-                    await trio.lowlevel.wait_readable(socket)
-                except OSError as error:
-                    raise trio.BrokenResourceError(f"receive failed: {error}") from error
+                got = read_into_now(socket, view)
+                if got is not None:
+                    return got
+                self._reads_unyielded = 0
+                await trio.lowlevel.wait_readable(socket)
         data = await self.stream.receive_some(len(view))
         view[:len(data)] = data
         return len(data)
