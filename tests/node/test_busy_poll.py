@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -365,6 +366,41 @@ async def test_a_wake_up_from_another_thread_is_not_io_and_its_loop_sleeps_at_on
     assert polled_loop.statistics().loop_polls == before
 
 
+class _Acks:
+    """A master's ack socket, with a task of the loop waiting on it (as the HA service's ack
+    reader does, so the loop's epoll descriptor turns ready when an ack comes), and the
+    ``ready_work`` that takes what waits there: each take records what it read, ends the
+    wait for acks (``awaited``) and sends the client's next request on ``client``, as a
+    client does once its reply left."""
+
+    def __init__(self, client: socket.socket) -> None:
+        self.ours, self.peer = socket.socketpair()
+        self.ours.setblocking(False)
+        self.client = client
+        self.events: list = []
+        self.awaited = True
+
+    def take(self) -> bool:
+        try:
+            self.events.append(self.ours.recv(16))
+        except BlockingIOError:
+            return False
+        self.awaited = False
+        self.client.sendall(b"next")
+        return True
+
+
+@asynccontextmanager
+async def _acks_waited_on(client: socket.socket):
+    acks = _Acks(client)
+    with acks.ours, acks.peer:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.lowlevel.wait_readable, acks.ours)
+            await trio.testing.wait_all_tasks_blocked()   # registered with the loop's epoll
+            yield acks
+            nursery.cancel_scope.cancel()
+
+
 @pytest.mark.trio
 async def test_io_that_ready_work_takes_keeps_the_poll_going_for_the_next_request(pair, monkeypatch):
     # a master's ack arriving while a connection's reader polls: read by ready_work (no pass
@@ -372,30 +408,11 @@ async def test_io_that_ready_work_takes_keeps_the_poll_going_for_the_next_reques
     # the reader's turn, here longer than the test)
     monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
     ours, theirs = pair
-    ack, ack_peer = socket.socketpair()
-    with ack, ack_peer:
-        ack.setblocking(False)
-        taken = []
-
-        def take_acks() -> bool:
-            try:
-                taken.append(ack.recv(16))
-            except BlockingIOError:
-                return False
-            theirs.sendall(b"next")   # the client's next request, once its reply left
-            return True
-
-        async def ack_task() -> None:   # the owner of the ack socket, as the HA service's reader is
-            await trio.lowlevel.wait_readable(ack)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ack_task)
-            await trio.testing.wait_all_tasks_blocked()   # registered with the loop's epoll
-            busy = BusyPoll(LONG_US, ready_work=take_acks)
-            threading.Timer(0.05, ack_peer.sendall, (b"ack",)).start()
-            assert busy.reader(ours).read(1024) == b"next"
-            assert taken == [b"ack"] and busy.statistics().ready_taken == 1
-            nursery.cancel_scope.cancel()
+    async with _acks_waited_on(theirs) as acks:
+        busy = BusyPoll(LONG_US, ready_work=acks.take)
+        threading.Timer(0.05, acks.peer.sendall, (b"ack",)).start()
+        assert busy.reader(ours).read(1024) == b"next"
+        assert acks.events == [b"ack"] and busy.statistics().ready_taken == 1
 
 
 @pytest.mark.trio
@@ -420,36 +437,15 @@ async def test_io_that_ready_work_does_not_take_ends_the_poll(pair):
 async def test_the_idle_work_waits_while_acks_are_awaited_and_runs_once_they_came(pair, monkeypatch):
     monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
     ours, theirs = pair
-    ack, ack_peer = socket.socketpair()
-    with ack, ack_peer:
-        ack.setblocking(False)
-        events = []
-        awaited = [True]
-
-        def take_acks() -> bool:
-            try:
-                events.append(ack.recv(16))
-            except BlockingIOError:
-                return False
-            awaited[0] = False   # the put's last ack: nothing is awaited any more
-            theirs.sendall(b"next")
-            return True
-
+    async with _acks_waited_on(theirs) as acks:
         def idle_work() -> bool:
-            events.append("idle work")
+            acks.events.append("idle work")
             return False
 
-        async def ack_task() -> None:
-            await trio.lowlevel.wait_readable(ack)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ack_task)
-            await trio.testing.wait_all_tasks_blocked()
-            busy = BusyPoll(LONG_US, idle_work, ready_work=take_acks, awaiting=lambda: awaited[0])
-            threading.Timer(0.05, ack_peer.sendall, (b"ack",)).start()
-            assert busy.reader(ours).read(1024) == b"next"
-            assert events == [b"ack", "idle work"]   # not before the ack
-            nursery.cancel_scope.cancel()
+        busy = BusyPoll(LONG_US, idle_work, ready_work=acks.take, awaiting=lambda: acks.awaited)
+        threading.Timer(0.05, acks.peer.sendall, (b"ack",)).start()
+        assert busy.reader(ours).read(1024) == b"next"
+        assert acks.events == [b"ack", "idle work"]   # not before the ack
 
 
 @pytest.mark.trio
@@ -457,27 +453,8 @@ async def test_io_ready_when_the_read_starts_is_taken_by_ready_work_too(pair, mo
     # an ack that came while the put's frames were being sent: taken at the read's start
     monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
     ours, theirs = pair
-    ack, ack_peer = socket.socketpair()
-    with ack, ack_peer:
-        ack.setblocking(False)
-        taken = []
-
-        def take_acks() -> bool:
-            try:
-                taken.append(ack.recv(16))
-            except BlockingIOError:
-                return False
-            theirs.sendall(b"next")
-            return True
-
-        async def ack_task() -> None:
-            await trio.lowlevel.wait_readable(ack)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ack_task)
-            await trio.testing.wait_all_tasks_blocked()
-            ack_peer.sendall(b"ack")   # before the read
-            busy = BusyPoll(LONG_US, ready_work=take_acks)
-            assert busy.reader(ours).read(1024) == b"next"
-            assert taken == [b"ack"] and busy.statistics().ready_taken == 1
-            nursery.cancel_scope.cancel()
+    async with _acks_waited_on(theirs) as acks:
+        acks.peer.sendall(b"ack")   # before the read
+        busy = BusyPoll(LONG_US, ready_work=acks.take)
+        assert busy.reader(ours).read(1024) == b"next"
+        assert acks.events == [b"ack"] and busy.statistics().ready_taken == 1

@@ -4,6 +4,8 @@ task when the leader leaves with requests still waiting. Pipelining, cancellatio
 deadlines and connection loss, over in-memory streams and over real sockets."""
 
 import socket
+import threading
+from contextlib import asynccontextmanager
 from functools import partial
 
 import pytest
@@ -456,22 +458,29 @@ def _thread_node(sock: socket.socket, count: int) -> None:
             answered += 1
 
 
+@asynccontextmanager
+async def _connected_to_a_thread_node(requests: int):
+    """A Connection (in a nursery of its own) to ``_thread_node`` answering ``requests``."""
+    ours, theirs = socket.socketpair()
+    node = threading.Thread(target=_thread_node, args=(theirs, requests), daemon=True)
+    node.start()
+    try:
+        async with trio.open_nursery() as nursery:
+            yield await connect_stream(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "thread", nursery)
+            nursery.cancel_scope.cancel()
+        node.join(10)
+    finally:
+        theirs.close()
+
+
 @pytest.mark.trio
 async def test_a_caller_alone_waits_for_its_reply_in_place_when_the_loop_has_nothing_else_to_do():
     # the reply comes from another thread: nothing in this loop needs it meanwhile, so the
     # leader waits in poll(2) instead of a pass of trio's loop
-    import threading
-    ours, theirs = socket.socketpair()
-    node = threading.Thread(target=_thread_node, args=(theirs, 5), daemon=True)
-    node.start()
-    async with trio.open_nursery() as nursery:
-        connection = await connect_stream(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "thread", nursery)
+    async with _connected_to_a_thread_node(5) as connection:
         replies = [await connection.request(RequestCode.STATUS, tag=f"r{i}") for i in range(5)]
         assert [r["echo"] for r in replies] == [f"r{i}" for i in range(5)]
         assert connection.statistics().waits_in_place >= 1
-        nursery.cancel_scope.cancel()
-    node.join(10)
-    theirs.close()
 
 
 @pytest.mark.trio
@@ -508,17 +517,9 @@ async def test_a_wait_in_place_still_ends_at_the_callers_deadline():
 @pytest.mark.trio
 async def test_requests_that_overlap_are_not_waited_for_in_place():
     # two callers with requests in flight together: their replies are read through trio
-    import threading
-    ours, theirs = socket.socketpair()
-    node = threading.Thread(target=_thread_node, args=(theirs, 6), daemon=True)
-    node.start()
-    async with trio.open_nursery() as nursery:
-        connection = await connect_stream(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), "thread", nursery)
+    async with _connected_to_a_thread_node(6) as connection:
         for round_ in range(3):
             async with trio.open_nursery() as callers:
                 for caller in range(2):
                     callers.start_soon(partial(connection.request, RequestCode.STATUS, tag=f"{round_}-{caller}"))
         assert connection.statistics().waits_in_place == 0
-        nursery.cancel_scope.cancel()
-    node.join(10)
-    theirs.close()
