@@ -3,6 +3,7 @@ silent success) and SIGCONT recovers; a slave with the wrong secret gets no data
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from contextlib import asynccontextmanager
@@ -44,6 +45,22 @@ async def wait_status(address: str, predicate, what: str, timeout_s: float = 20)
     raise AssertionError(f"timed out waiting for {what}: {status}")
 
 
+async def until_stopped(pid: int, timeout_s: float = 10) -> None:
+    """Until every thread of ``pid`` is stopped. ``kill(SIGSTOP)`` returns before that: the
+    thread that takes the signal stops the others once it runs, and meanwhile another one
+    (a slave's follow thread, woken by a frame) can still append and ack."""
+    with trio.fail_after(timeout_s):
+        while True:
+            states = []
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(FileNotFoundError):   # a thread that just ended
+                    with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                        states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            if states and set(states) <= {"T", "t"}:
+                return
+            await trio.sleep(0.001)
+
+
 async def send_one(producer, index: int) -> str:
     (result,) = await producer.send_batch("sync", [OutgoingMessage(b"m-%d" % index, keys=[f"k{index}"])])
     return result.status
@@ -68,6 +85,7 @@ async def test_sigstop_of_the_slave_fails_sync_puts_and_sigcont_recovers(tmp_pat
             assert [await send_one(producer, i) for i in range(20)] == ["PUT_OK"] * 20
             os.kill(slave.pid, signal.SIGSTOP)
             try:
+                await until_stopped(slave.pid)
                 statuses = [await send_one(producer, 100 + i) for i in range(8)]
                 # the first waits run out (the slave is still in the SSS); later ones are
                 # refused once it has left; none is acknowledged
