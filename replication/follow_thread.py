@@ -26,18 +26,22 @@ no deadline moved per frame) ends the session.
 The thread also indexes what it appended (the store's dispatch: ConsumeQueue and
 IndexFile), ``dispatch_delay_ms`` after the first frame not yet indexed, so the frames of
 that time share one pass, and only at a point where it would otherwise wait for the
-socket: after the ack of the frames it has, never between a frame and its ack. While
-frames wait for a pass the socket's timeout is the delay, so a socket that went quiet
-still gets theirs, at most twice the delay after the first of them. Passes are bounded
-(``DISPATCH_PASS_BYTES``): behind by more, it runs one at each such point while frames
-keep coming, and back to back while the socket is quiet. Before, the loop's thread ran
-these passes at its own time, and a pass (about a millisecond for the 50 one-message
-frames of a delay, cold) held the GIL while the next send's frame waited: the slaves'
-passes every 50 ms were a quarter of the single-send p99 (no pass at all: p99 2.5 -> 1.8
-and 3.1 -> 2.3 ms). Measured on the 2-core machine (a master with two all-ack slaves,
-11 alternated 8 s runs of one-at-a-time sends): p99 lower in 9 of 11 pairs (8 by over
-1 %), median pair -11 % (medians 3.03 -> 2.69 ms); p50, batched msgs/s and the slaves'
-CPU unchanged within the noise.
+socket: after the ack of the frames it has, never between a frame and its ack. A pass that
+is due waits there for a quiet spell (``DISPATCH_QUIET_S`` without a byte: the socket's
+timeout meanwhile), so it runs between bursts of frames instead of in front of the next
+one; frames that keep coming for another delay make it overdue, and it then runs in pieces
+(``DISPATCH_PIECE_BYTES``) with a look at the socket between them, so a frame waits for a
+piece, not for a pass. While frames wait for a pass and it is not due yet, the socket's
+timeout is the delay, so a socket that went quiet still gets theirs, at most twice the
+delay after the first of them. Passes are bounded (``DISPATCH_PASS_BYTES``): behind by
+more, it runs whole ones, one at each such point while frames keep coming and back to back
+while the socket is quiet. Before, the loop's thread ran these passes at its own time, and
+a pass (about a millisecond for the 50 one-message frames of a delay, cold) held the GIL
+while the next send's frame waited: the slaves' passes every 50 ms were a quarter of the
+single-send p99 (no pass at all: p99 2.5 -> 1.8 and 3.1 -> 2.3 ms); run on the thread
+right after an ack, they still met the next send's frame (37 of the 60 sends over the p98
+of a `hastore bench replicate --peer redis` run overlapped one): docs/sync-performance.md,
+stop 30.
 
 What stays on the loop's thread: ``on_confirm_advanced``, told after the pass that indexed
 the frames the confirm offset covers (readers on a slave see a message once it is
@@ -80,6 +84,15 @@ ACK_FRAMES_MAX = 4
 # the log indexed at most in one pass between frames (as a node's loop passes: about a
 # millisecond of work for 1 KiB messages)
 DISPATCH_PASS_BYTES = 1024 * 1024
+# A pass that is due waits for the socket to be quiet this long, so that it runs between
+# bursts of frames, not in front of the next one.
+DISPATCH_QUIET_S = 0.001
+# Overdue (frames kept coming for another dispatch_delay_ms) and behind by no more than a
+# pass, the thread indexes in pieces of this much and looks at the socket between them: a
+# frame that arrives meanwhile waits for one piece (~70 µs warm), not for the pass (~250 µs
+# warm for 300 records of 1 KiB, a millisecond and more cold). Pieces cost more a record
+# (2.5 against 0.85 µs: the parser's and the index's numpy calls pay off on larger passes).
+DISPATCH_PIECE_BYTES = 32 * 1024
 # A frame is appended with the pages ahead read in on the store's own thread (read_ahead)
 # only while the master's log runs further ahead than this: catching up, megabytes at a
 # time, where that thread keeps the allocation off this one. A slave that keeps up lets its
@@ -127,6 +140,7 @@ class FollowThread:
         self._readable = poller.poll     # _readable(0): bytes wait in the socket
         # when the frames appended and not yet indexed are due for a pass (None: none wait)
         self._dispatch_due: float | None = None
+        self._unindexed_bytes = 0   # appended since the last pass said how much was left, and that
         self._view = memoryview(bytearray(RECEIVE_BUFFER_BYTES))
         self._view[:len(buffered)] = buffered
         self._start = 0
@@ -219,6 +233,7 @@ class FollowThread:
             if expected > self.master_max_offset:
                 self.master_max_offset = expected
             self.received_bytes += size
+            self._unindexed_bytes += size
             self.frames += 1
             unacked += 1
             # the ack follows the append at once when no other frame waits behind it (the
@@ -263,18 +278,21 @@ class FollowThread:
             if self._dispatch_due is None:
                 self._tell_loop()
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, quiet: bool) -> None:
         """Dispatch passes on this thread while they are due and no byte waits in the
-        socket: one when frames keep coming (the next at the next wait, if it is behind by
-        more than a pass), back to back when the socket is quiet."""
+        socket: whole passes (``DISPATCH_PASS_BYTES``) once the socket is ``quiet``, or when
+        behind by more than a pass; pieces (``DISPATCH_PIECE_BYTES``) otherwise."""
         while True:
-            done = self.store.dispatch_now(DISPATCH_PASS_BYTES)
+            whole = quiet or self._unindexed_bytes > DISPATCH_PASS_BYTES
+            left = self.store.dispatch_now(DISPATCH_PASS_BYTES if whole else DISPATCH_PIECE_BYTES)
             self.passes += 1
             now = self.clock()
-            if done is None:   # no pass could run now (another thread's is under way): later
+            if left is None:   # no pass could run now (another thread's is under way): later
                 self._dispatch_due = now + self.dispatch_delay_s
             else:
-                self._dispatch_due = None if done else now
+                self._unindexed_bytes = left
+                if left <= 0:
+                    self._dispatch_due = None
             if self._dispatch_due is None or self._dispatch_due > now or self._readable(0):
                 break
         if self.confirm_moved and self._dispatch_due is None:
@@ -299,10 +317,16 @@ class FollowThread:
         sock = self.sock
         while True:
             if may_dispatch and self._dispatch_due is not None:
-                if self.clock() >= self._dispatch_due:
-                    self._dispatch()
-                elif self._timeout_s > self.dispatch_delay_s:
-                    self._set_timeout(self.dispatch_delay_s)   # a quiet socket wakes it for the pass
+                now = self.clock()
+                if now < self._dispatch_due:
+                    if self._timeout_s > self.dispatch_delay_s:
+                        self._set_timeout(self.dispatch_delay_s)   # a quiet socket wakes it for the pass
+                elif now - self._last_byte_at >= DISPATCH_QUIET_S:
+                    self._dispatch(quiet=True)
+                elif now - self._dispatch_due >= self.dispatch_delay_s:
+                    self._dispatch(quiet=False)    # overdue: frames keep coming
+                elif self._timeout_s > DISPATCH_QUIET_S:
+                    self._set_timeout(DISPATCH_QUIET_S)
             try:
                 got = sock.recv_into(target)
             except BlockingIOError:   # SO_RCVTIMEO: silence for the timeout
@@ -328,8 +352,12 @@ class FollowThread:
         """The socket's timeout between frames: ``_wait_s``, or the dispatch delay while
         frames wait for a pass, so a quiet socket still gets theirs (at most twice the
         delay after the first of them)."""
-        if self._dispatch_due is not None and self.dispatch_delay_s < self._wait_s:
-            return self.dispatch_delay_s
+        due = self._dispatch_due
+        if due is not None:
+            if self._last_byte_at >= due:   # due: it waits for a quiet spell
+                return DISPATCH_QUIET_S
+            if self.dispatch_delay_s < self._wait_s:
+                return self.dispatch_delay_s
         return self._wait_s
 
     def _set_timeout(self, seconds: float) -> None:

@@ -14,7 +14,8 @@ Over a TCP socket (``follow_thread``, the default) the streaming phase runs on a
 the session's own over a blocking socket (follow_thread.py): the same checks, appends and
 acks, without the event loop's wake-up and scheduler per frame (a slave's CPU a one-at-a-time
 send about a third lower), and the dispatch passes of what it appended, between frames
-(``dispatch_delay_ms`` after the first of them, as below). Over any other stream, and with
+(``dispatch_delay_ms`` after the first of them, once the socket is quiet for a moment, or
+in pieces that give way to frames when it is not). Over any other stream, and with
 ``follow_thread`` off, the loop's tasks do it:
 
 Frames are received and applied by two tasks, so that the next frame arrives while the

@@ -50,9 +50,9 @@ class ReplicaStore(Protocol):
     def wake_dispatch(self) -> None:
         """Index what was appended without ``wake_dispatch`` (cheap, never blocks)."""
 
-    def dispatch_now(self, bytes_max: int) -> bool | None:
-        """Index what was appended, one pass of at most ``bytes_max`` on the calling thread:
-        True nothing left for the caller, False more waits, None no pass could run now."""
+    def dispatch_now(self, bytes_max: int) -> int | None:
+        """Index what was appended, one pass of at most ``bytes_max`` on the calling thread;
+        the bytes still to index (0: nothing left for the caller), None if no pass could run now."""
 
     def cut(self, offset: int) -> None:
         """Drop the log and its indexes from ``offset`` (a record boundary) on, crash-safe."""

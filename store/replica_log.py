@@ -340,19 +340,19 @@ class ReplicaLog:
         """Have the dispatcher index what was appended (cheap; any thread)."""
         self._dispatcher.wake.set()
 
-    def dispatch_now(self, bytes_max: int) -> bool | None:
+    def dispatch_now(self, bytes_max: int) -> int | None:
         """Index what was appended in one pass of at most ``bytes_max`` on the calling
-        thread (a slave's follow thread, between frames). True: nothing is left for the
-        caller (caught up, or the dispatcher has a thread of its own, woken instead);
-        False: more waits; None: no pass could run now (another thread's is under way, or
+        thread (a slave's follow thread, between frames); return the bytes of log still to
+        index for the caller: 0 when caught up, or when the dispatcher has a thread of its
+        own (woken instead). None: no pass could run now (another thread's is under way, or
         the dispatcher is stopped or failed): the caller tries again later."""
         dispatcher = self._dispatcher
         if dispatcher.threaded:
             dispatcher.wake.set()
-            return True
+            return 0
         if dispatcher.dispatch_pass(bytes_max) is None:
             return None
-        return dispatcher.lag_bytes <= 0
+        return max(0, dispatcher.lag_bytes)
 
     def catch_up_for_writes(self) -> None:
         """Before a promoted replica's first own put: dispatch everything replicated and take

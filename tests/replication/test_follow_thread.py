@@ -352,3 +352,80 @@ def test_the_loops_stream_is_left_non_blocking_as_it_was(open_store):
     assert not thread.is_alive() and os.get_blocking(loops.fileno()) is False
     master.close()
     loops.close()
+
+
+class ManualClock:
+    """The thread's clock, moved by the test only."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FrameDuringFirstPiece:
+    """The slave's replica log; during its first dispatch pass the master (``master``, set
+    once the session exists) sends ``frame_bytes``. Records (bytes_max, the log's end) of
+    each pass asked for."""
+
+    def __init__(self, replica_log, frame_bytes: bytes) -> None:
+        self._inner = replica_log
+        self._frame = frame_bytes
+        self.master: socket.socket | None = None
+        self.calls: list[tuple[int, int]] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def dispatch_now(self, bytes_max: int) -> int | None:
+        self.calls.append((bytes_max, self._inner.max_offset))
+        left = self._inner.dispatch_now(bytes_max)
+        if len(self.calls) == 1:
+            self.master.sendall(self._frame)
+        return left
+
+
+def test_a_due_pass_waits_for_the_socket_to_be_quiet(open_store, session_of):
+    master = open_store("master")
+    slave = open_store("slave", dispatcher_thread=False)
+    put(master, 200, body_bytes=500)
+    (offset_a, data_a), (offset_b, data_b) = chunks(master, 2, 30_000)
+    clock = ManualClock()
+    # a delay of 10 s on the clock and in real time: the thread's socket never times out by itself
+    session = session_of(slave, dispatch_delay_ms=10_000, clock=clock)
+    session.master.sendall(frame(offset_a, data_a))
+    session.acks_until(offset_b)
+    clock.now = 10.5                        # due (10 s after the first frame), not overdue
+    session.master.sendall(frame(offset_b, data_b))
+    end = offset_b + len(data_b)
+    session.acks_until(end)
+    time.sleep(0.05)                        # bytes came just now (on the clock): no pass
+    assert session.follower.passes == 0 and session.follower.undispatched
+    clock.now += 2 * follow_thread.DISPATCH_QUIET_S   # then the socket stays quiet: one whole pass
+    wait_until(lambda: not session.follower.undispatched, "the pass")
+    assert session.follower.passes == 1 and slave.dispatcher.dispatched_offset == end
+
+
+def test_an_overdue_pass_goes_in_pieces_that_give_way_to_a_frame(open_store, session_of, monkeypatch):
+    monkeypatch.setattr(follow_thread, "DISPATCH_PIECE_BYTES", 10_000)
+    master = open_store("master")
+    slave = open_store("slave", dispatcher_thread=False)
+    put(master, 300, body_bytes=500)
+    (offset_a, data_a), (offset_b, data_b), (offset_c, data_c) = chunks(master, 3, 40_000)
+    end_b, end_c = offset_b + len(data_b), offset_c + len(data_c)
+    clock = ManualClock()
+    replica_log = FrameDuringFirstPiece(slave.replica_log, frame(offset_c, data_c))
+    session = session_of(slave, dispatch_delay_ms=10_000, clock=clock, replica_store=replica_log)
+    replica_log.master = session.master
+    session.master.sendall(frame(offset_a, data_a))
+    session.acks_until(offset_b)
+    clock.now = 100.0                       # frames kept coming past the delay: overdue
+    session.master.sendall(frame(offset_b, data_b))
+    session.acks_until(end_c)               # C came during the first piece, and was acked
+    wait_until(lambda: not session.follower.undispatched, "caught up")
+    calls = replica_log.calls
+    # one piece before C was read, the next ones after it had landed
+    assert calls[0] == (10_000, end_b) and calls[1] == (10_000, end_c)
+    assert all(bytes_max == 10_000 for bytes_max, _ in calls) and len(calls) >= end_c // 10_000
+    assert slave.dispatcher.dispatched_offset == end_c

@@ -41,7 +41,7 @@ class CountedWakes:
         self.wakes += 1
         self._inner.wake_dispatch()
 
-    def dispatch_now(self, bytes_max: int) -> bool | None:
+    def dispatch_now(self, bytes_max: int) -> int | None:
         self.passes += 1
         return self._inner.dispatch_now(bytes_max)
 
