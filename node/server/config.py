@@ -89,8 +89,9 @@ class NodeConfig:
     ha_chunk_bytes_max: int = 4 * 1024 * 1024  # bytes per streamed frame
     ha_reconnect_backoff_max_ms: int = 5_000   # a slave's longest pause between reconnects
     # A slave reads, checks, appends and acks its master's frames on a thread of its own over
-    # a blocking socket (replication/follow_thread.py), and indexes them there between
-    # frames; false: on tasks of the event loop.
+    # a blocking socket (replication/follow_thread.py), and indexes them there once the
+    # stream is quiet for a moment (in pieces between frames when it keeps flowing); false:
+    # on tasks of the event loop.
     ha_follow_thread: bool = True
     # Controller mode (node/server/controller_mode.py): set zk_hosts ('host:port[,...]') to take
     # the role from ZooKeeper; role and master_ha_address are then ignored.
