@@ -140,7 +140,7 @@ class FollowThread:
         self._readable = poller.poll     # _readable(0): bytes wait in the socket
         # when the frames appended and not yet indexed are due for a pass (None: none wait)
         self._dispatch_due: float | None = None
-        self._unindexed_bytes = 0   # appended since the last pass said how much was left, and that
+        self._unindexed_bytes = 0   # not indexed yet: what the last pass left, and what came since
         self._view = memoryview(bytearray(RECEIVE_BUFFER_BYTES))
         self._view[:len(buffered)] = buffered
         self._start = 0
@@ -349,9 +349,10 @@ class FollowThread:
             return got
 
     def _steady_timeout_s(self) -> float:
-        """The socket's timeout between frames: ``_wait_s``, or the dispatch delay while
-        frames wait for a pass, so a quiet socket still gets theirs (at most twice the
-        delay after the first of them)."""
+        """The socket's timeout between frames: ``_wait_s``; the dispatch delay while frames
+        wait for a pass that is not due yet, so a quiet socket still gets theirs (at most
+        twice the delay after the first of them); ``DISPATCH_QUIET_S`` once it is due (bytes
+        came since), so a quiet spell that long runs it."""
         due = self._dispatch_due
         if due is not None:
             if self._last_byte_at >= due:   # due: it waits for a quiet spell
