@@ -27,7 +27,10 @@ and no other task waits for it:
   ``ready_work`` takes it (a master's acks, replication/ack_reader.py) and nothing else
   waits then. A sync put's reply then leaves from the poll itself, and the poll goes on for
   the client's next request. While a put waits for its acks (``awaiting``), the dispatch
-  pass waits until they came (run first, it held the first ack back).
+  pass waits until they came (run first, it held the first ack back). A poll that has
+  waited ``AWAIT_YIELD_AFTER_S`` for acks yields its vCPU each turn to anything queued on
+  it: a slave woken there (the kernel seldom preempts the poll for it, or moves it to the
+  idle vCPU) runs at once instead of after the poll.
 - **Timers.** The loop's next deadline ends the poll.
 - **Time.** A reader that keeps getting requests by polling still passes through trio's
   scheduler at least every ``YIELD_INTERVAL_S`` (a checkpoint, after which it polls again).
@@ -53,6 +56,7 @@ busy polling is off and the node says so once in its log.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import time
 from collections.abc import Callable
@@ -73,6 +77,12 @@ _DISPATCH_CODE = serve_dispatch.__code__
 # The loop's waits for I/O are polled (``poll_loop_waits``) only within this long of its last
 # I/O events: a node that only its timers wake sleeps at once.
 LOOP_BUSY_S = 0.001
+# A poll that has gone on this long while a put waits for its acks gives its vCPU to whatever
+# waits for it (``sched_yield`` each turn; nothing waits: it returns at once). A warm send's
+# acks come within ~60 µs. Later, a slave woken onto the vCPU this poll holds was often
+# not run until the poll ended (up to ~700 µs, the other vCPU idle; the kernel, 6.18 EEVDF,
+# neither preempted the poll nor moved the slave): docs/sync-performance.md, stop 30.
+AWAIT_YIELD_AFTER_S = 0.00005
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +215,9 @@ class PollingReader:
         end = started + min(busy.window_s, loop.seconds_to_next_deadline())
         poll = self._poll
         epoll_fd = loop.epoll_fd
+        awaiting = busy.awaiting
+        yield_at = started + AWAIT_YIELD_AFTER_S
+        sched_yield = os.sched_yield
         try:
             while True:
                 ready = poll(0)   # [(fd, events)] in the order registered: the socket's first
@@ -228,9 +241,12 @@ class PollingReader:
                         now = clock()
                         end = min(now + busy.window_s, self._since + YIELD_INTERVAL_S,
                                   now + loop.seconds_to_next_deadline())
-                if clock() >= end:
+                now = clock()
+                if now >= end:
                     self._since = None
                     return None
+                if now >= yield_at and awaiting is not None and awaiting():
+                    sched_yield()   # a slave queued on this vCPU runs now, not after the poll
         finally:
             busy._seconds += clock() - started
 

@@ -458,3 +458,45 @@ async def test_io_ready_when_the_read_starts_is_taken_by_ready_work_too(pair, mo
         busy = BusyPoll(LONG_US, ready_work=acks.take)
         assert busy.reader(ours).read(1024) == b"next"
         assert acks.events == [b"ack"] and busy.statistics().ready_taken == 1
+
+
+def _counted_yields(monkeypatch) -> list[int]:
+    yields = [0]
+
+    def sched_yield() -> None:
+        yields[0] += 1
+
+    monkeypatch.setattr(busy_poll.os, "sched_yield", sched_yield)
+    return yields
+
+
+@pytest.mark.trio
+async def test_a_poll_that_waits_long_for_acks_yields_its_cpu(pair, monkeypatch):
+    # acks not there after AWAIT_YIELD_AFTER_S: each turn gives the vCPU to anything queued on it
+    monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
+    monkeypatch.setattr(busy_poll, "AWAIT_YIELD_AFTER_S", 0.01)
+    yields = _counted_yields(monkeypatch)
+    ours, theirs = pair
+    async with _acks_waited_on(theirs) as acks:
+        busy = BusyPoll(LONG_US, ready_work=acks.take, awaiting=lambda: acks.awaited)
+        threading.Timer(0.05, acks.peer.sendall, (b"ack",)).start()
+        assert busy.reader(ours).read(1024) == b"next"
+        assert acks.events == [b"ack"] and yields[0] > 0
+
+
+@pytest.mark.trio
+async def test_a_poll_yields_neither_early_nor_while_no_put_waits(pair, monkeypatch):
+    monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
+    yields = _counted_yields(monkeypatch)
+    ours, theirs = pair
+    async with _acks_waited_on(theirs) as acks:
+        monkeypatch.setattr(busy_poll, "AWAIT_YIELD_AFTER_S", 10)   # acks awaited, not for long
+        busy = BusyPoll(LONG_US, ready_work=acks.take, awaiting=lambda: acks.awaited)
+        threading.Timer(0.05, acks.peer.sendall, (b"ack",)).start()
+        assert busy.reader(ours).read(1024) == b"next"
+        assert yields[0] == 0
+    monkeypatch.setattr(busy_poll, "AWAIT_YIELD_AFTER_S", 0)
+    busy = BusyPoll(LONG_US, awaiting=lambda: False)                  # no put waits: a plain poll
+    threading.Timer(0.05, theirs.sendall, (b"request",)).start()
+    assert busy.reader(ours).read(1024) == b"request"
+    assert yields[0] == 0
