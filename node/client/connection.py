@@ -106,10 +106,7 @@ class Connection:
             loop = LoopView.of_current_run()
             if loop is not None and loop.real_clock:
                 self._loop = loop
-                poller = select.poll()
-                poller.register(self._socket.fileno(), select.POLLIN)
-                poller.register(loop.epoll_fd, select.POLLIN)
-                self._leader_poll = poller.poll
+                self._leader_poll = loop.poll_with(self._socket.fileno())
         self._pending: dict[int, _Pending] = {}
         self._reader: _Pending | str | None = None      # who reads replies (see above)
         self._leader_scope: trio.CancelScope | None = None

@@ -157,12 +157,8 @@ class PollingReader:
         self._socket = stream.socket
         self._since: float | None = None   # when this reader last went through trio
         self._yield_due = False
-        self._poll = None   # _poll(0): whether the socket or the loop's descriptor is ready (one system call)
-        if busy._loop is not None:
-            poller = select.poll()
-            poller.register(stream.socket, select.POLLIN)
-            poller.register(busy._loop.epoll_fd, select.POLLIN)
-            self._poll = poller.poll
+        # _poll(0): whether the socket or the loop's descriptor is ready (one system call)
+        self._poll = None if busy._loop is None else busy._loop.poll_with(stream.socket)
 
     async def receive(self, max_bytes: int) -> bytes:
         """``stream.receive_some(max_bytes)``, by polling where it may (see ``read``)."""
@@ -203,8 +199,9 @@ class PollingReader:
             return data          # a request already waits: no work in between
         # the idle work (a dispatch pass) waits while a put waits for its acks: run now, it
         # would hold the first ack back (the pass took ~10 µs of a ~35 µs wait for it)
+        awaiting = busy.awaiting
         idle_due = busy.idle_work is not None
-        if idle_due and (busy.awaiting is None or not busy.awaiting()):
+        if idle_due and (awaiting is None or not awaiting()):
             idle_due = False
             if busy.idle_work() and loop.runnable() > 1:
                 self._since = None   # the work woke tasks
@@ -215,7 +212,6 @@ class PollingReader:
         end = started + min(busy.window_s, loop.seconds_to_next_deadline())
         poll = self._poll
         epoll_fd = loop.epoll_fd
-        awaiting = busy.awaiting
         yield_at = started + AWAIT_YIELD_AFTER_S
         sched_yield = os.sched_yield
         try:
@@ -233,7 +229,7 @@ class PollingReader:
                             return None
                         # taken here (a master's acks; a put's reply may have left): the poll
                         # starts again, for this connection's next request, within its turn
-                        if idle_due and not busy.awaiting():
+                        if idle_due and not awaiting():   # idle_due: awaiting is set
                             idle_due = False
                             if busy.idle_work() and loop.others_runnable():
                                 self._since = None

@@ -10,6 +10,7 @@ use it to wait for a socket without a pass of trio's loop when nothing else need
 from __future__ import annotations
 
 import select
+from collections.abc import Callable
 
 
 class LoopView:
@@ -28,6 +29,14 @@ class LoopView:
 
     def seconds_to_next_deadline(self) -> float:
         return self._next_deadline() - self._now()
+
+    def poll_with(self, socket) -> Callable[[float], list[tuple[int, int]]]:
+        """``poll(timeout_ms)`` of ``socket`` and this loop's epoll descriptor in one system
+        call: the ready ones as (fd, events), the socket's first."""
+        poller = select.poll()
+        poller.register(socket, select.POLLIN)
+        poller.register(self.epoll_fd, select.POLLIN)
+        return poller.poll
 
     @classmethod
     def of_current_run(cls) -> "LoopView | None":
