@@ -86,8 +86,7 @@ class AckReaders:
                 if trio.current_time() >= connection.last_ack + timeout_s:
                     raise HaProtocolError(f"slave {replica.node_id} sent no ack for {timeout_s * 1000:.0f} ms")
         except READ_FAILURES as error:
-            log.info("slave %s: %s", replica.node_id, error or type(error).__name__)
-            scope.cancel()
+            _end(connection, error)
         finally:
             self._waiting.pop(connection, None)
 
@@ -117,8 +116,7 @@ class AckReaders:
                 took = self._take(connection) or took
             except READ_FAILURES as error:
                 del self._waiting[connection]
-                log.info("slave %s: %s", connection.replica.node_id, error or type(error).__name__)
-                connection.scope.cancel()
+                _end(connection, error)
         if took:
             self.taken_now += 1
         return took
@@ -155,3 +153,9 @@ class AckReaders:
         self.acks += whole // size
         connection.last_ack = now = trio.current_time()
         self._on_ack(replica, offset, now)
+
+
+def _end(connection: _Connection, error: BaseException) -> None:
+    """A connection's acks ended by ``error``: say why, and end it (its ``scope``)."""
+    log.info("slave %s: %s", connection.replica.node_id, error or type(error).__name__)
+    connection.scope.cancel()
