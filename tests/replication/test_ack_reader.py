@@ -4,6 +4,7 @@ or, while it waits for the socket, by ``take_now``; real socket pairs in one tri
 from __future__ import annotations
 
 import socket
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -39,6 +40,20 @@ class Slave:
         self.peer.close()
 
 
+@asynccontextmanager
+async def running(acks: AckReaders, sent_offset: int):
+    """A Slave whose task runs and waits for its socket; stopped and closed on the way out."""
+    slave = Slave(acks, sent_offset)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slave.run)
+            await trio.testing.wait_all_tasks_blocked()   # the task waits for its socket
+            yield slave
+            nursery.cancel_scope.cancel()
+    finally:
+        slave.close()
+
+
 @pytest.fixture
 def applied():
     """AckReaders whose handler records (node, offset) and moves the replica's ack offset."""
@@ -52,26 +67,18 @@ def applied():
 
 async def test_acks_that_wait_are_taken_at_once_and_only_the_last_is_applied(applied):
     acks, got = applied
-    slave = Slave(acks, sent_offset=300)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(slave.run)
-        await trio.testing.wait_all_tasks_blocked()   # the task waits for its socket
+    async with running(acks, sent_offset=300) as slave:
         slave.peer.sendall(protocol.ack(100) + protocol.ack(200) + protocol.ack(300))
         assert acks.take_now() is True
         assert got == [("s1", 300)] and acks.acks == 3 and acks.taken_now == 1
         assert acks.take_now() is False   # nothing more waits
         await trio.testing.wait_all_tasks_blocked()   # the task, woken for bytes taken, waits again
         assert got == [("s1", 300)] and not slave.ended
-        nursery.cancel_scope.cancel()
-    slave.close()
 
 
 async def test_a_piece_of_an_ack_is_kept_for_the_next_read(applied):
     acks, got = applied
-    slave = Slave(acks, sent_offset=500)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(slave.run)
-        await trio.testing.wait_all_tasks_blocked()
+    async with running(acks, sent_offset=500) as slave:
         raw = protocol.ack(500)
         slave.peer.sendall(raw[:3])
         acks.take_now()
@@ -82,30 +89,21 @@ async def test_a_piece_of_an_ack_is_kept_for_the_next_read(applied):
                 acks.take_now()
                 await trio.sleep(0.001)
         assert got == [("s1", 500)]
-        nursery.cancel_scope.cancel()
-    slave.close()
 
 
 async def test_a_bad_ack_taken_at_once_ends_the_connection_as_its_task_would(applied):
     acks, got = applied
-    slave = Slave(acks, sent_offset=100)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(slave.run)
-        await trio.testing.wait_all_tasks_blocked()
+    async with running(acks, sent_offset=100) as slave:
         slave.peer.sendall(protocol.ack(101))   # past what was sent
         assert acks.take_now() is False
         await trio.testing.wait_all_tasks_blocked()
         assert slave.scope.cancel_called and got == []
         assert acks.take_now() is False   # forgotten
-    slave.close()
 
 
 async def test_the_task_reads_acks_when_nobody_takes_them(applied):
     acks, got = applied
-    slave = Slave(acks, sent_offset=64)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(slave.run)
-        await trio.testing.wait_all_tasks_blocked()
+    async with running(acks, sent_offset=64) as slave:
         slave.peer.sendall(protocol.ack(64))
         with trio.fail_after(TIMEOUT_S):
             while not got:
@@ -115,4 +113,3 @@ async def test_the_task_reads_acks_when_nobody_takes_them(applied):
         with trio.fail_after(TIMEOUT_S):
             while not slave.scope.cancel_called:
                 await trio.sleep(0.001)
-    slave.close()
