@@ -80,6 +80,16 @@ async def start_master(nursery, store: MessageStore, epochs: EpochFile, *, node_
     return service, f"{host}:{port}"
 
 
+class ManualClock:
+    """A clock (seconds) that moves only when the test sets ``now``."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class RunningClient:
     """An HAClient in its own cancel scope, so a test can stop and restart it."""
 

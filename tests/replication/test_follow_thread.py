@@ -20,7 +20,7 @@ from replication import follow_thread
 from replication.follow_thread import ACK_FRAMES_MAX, RECEIVE_BUFFER_BYTES, FollowThread
 from replication.transport import PeerClosed
 
-from replication_helpers import chunks, epoch_file, frame, log_bytes, put
+from replication_helpers import ManualClock, chunks, epoch_file, frame, log_bytes, put
 
 EPOCHS = [EpochEntry(1, 0)]
 WAIT_S = 10
@@ -352,16 +352,6 @@ def test_the_loops_stream_is_left_non_blocking_as_it_was(open_store):
     assert not thread.is_alive() and os.get_blocking(loops.fileno()) is False
     master.close()
     loops.close()
-
-
-class ManualClock:
-    """The thread's clock, moved by the test only."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FrameDuringFirstPiece:

@@ -8,13 +8,7 @@ from replication.lag_history import (MIN_TREND_SAMPLES, OFFLINE_AFTER_INTERVALS,
                                      LagEvent, LagHistory, LagHistoryError, LagSample, LagStatus, evaluate,
                                      lag_events, samples_from_status)
 
-
-class FakeClock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from replication_helpers import ManualClock
 
 
 def sample(time_s: float, ack: int, master_offset: int, *, slave: str = "n2", master: str = "n1", epoch: int = 1,
@@ -142,7 +136,7 @@ def test_samples_from_a_master_status_section():
 
 
 def test_the_history_records_what_a_status_says_at_the_clock_time():
-    clock = FakeClock(100.0)
+    clock = ManualClock(100.0)
     history = LagHistory(clock)
     for step in range(4):
         clock.now = 100.0 + step
@@ -156,7 +150,7 @@ def test_the_history_records_what_a_status_says_at_the_clock_time():
 
 
 def test_a_status_judged_now_agrees_with_the_moments_connection_and_lag():
-    clock = FakeClock(100.0)
+    clock = ManualClock(100.0)
     history = LagHistory(clock)
     for step in range(3):   # sampled while the slave was away
         clock.now = 100.0 + step
@@ -175,7 +169,7 @@ def test_a_status_judged_now_agrees_with_the_moments_connection_and_lag():
 
 
 def test_a_status_judged_now_keeps_the_recorded_trend():
-    clock = FakeClock(0.0)
+    clock = ManualClock(0.0)
     history = LagHistory(clock)
     for step in range(WINDOW_SAMPLES + 5):   # acks stop at 100 while the master grows
         clock.now = float(step)
@@ -187,7 +181,7 @@ def test_a_status_judged_now_keeps_the_recorded_trend():
 
 
 def test_the_history_is_bounded_per_slave_and_in_slaves():
-    clock = FakeClock()
+    clock = ManualClock(1_000.0)
     history = LagHistory(clock, samples_per_slave_max=WINDOW_SAMPLES, slaves_max=2)
     for i in range(WINDOW_SAMPLES * 3):
         history.record(sample(float(i), i, i))
@@ -200,7 +194,7 @@ def test_the_history_is_bounded_per_slave_and_in_slaves():
 
 
 def test_since_returns_samples_in_time_order_bounded_by_limit():
-    history = LagHistory(FakeClock())
+    history = LagHistory(ManualClock(1_000.0))
     for i in range(5):
         history.record(sample(float(i), i, i, slave="n2"))
         history.record(sample(i + 0.5, i, i, slave="n3"))
