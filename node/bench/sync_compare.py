@@ -271,8 +271,9 @@ class Comparison:
     """Both sides, started once; ``run_round`` measures every workload on both."""
 
     def __init__(self, hastore: HastoreSide, redis_group, *, seconds: float, samples: int,
-                 messages_max: int, floor: RelayFloor | None = None) -> None:
+                 messages_max: int, floor: RelayFloor | None = None, client_busy_poll_us: int = 0) -> None:
         self.hastore = hastore
+        self.client_busy_poll_us = client_busy_poll_us   # the single sends' Producer's busy_poll_us
         self.redis_group = redis_group
         self.floor = floor
         self.redis = redis_group.primary_client() if redis_group is not None else None
@@ -321,7 +322,8 @@ class Comparison:
                        hastore_first: bool) -> None:
         """Single sends to both sides, alternating in blocks of LATENCY_BLOCK."""
         deadline = time.perf_counter() + max(30.0, self.samples * 0.05)
-        async with open_producer(address, batch_count_max=1, linger_ms=0) as producer:
+        async with open_producer(address, batch_count_max=1, linger_ms=0,
+                                 busy_poll_us=self.client_busy_poll_us) as producer:
             await producer.send(topic, BODY)  # the connection is open before timing starts
             hastore = _HastoreSingle(producer, topic, CpuMeter(pids))
             redis = None
@@ -486,6 +488,9 @@ def report_lines(report: dict) -> list[str]:
         lines.append(f"python {python['version']} ({python['executable']}, {python['compiler']})")
     if report["peer_missing"]:
         lines.append(f"note: {report['peer_missing']}; hastore measured alone")
+    busy_poll_us = report["settings"].get("client_busy_poll_us")
+    if busy_poll_us:
+        lines.append(f"hastore's single sends: the Producer busy-polls {busy_poll_us} µs for each reply")
     for figures in report["rounds"]:
         lines += table(f"round {figures['round']} ({figures['first']} first)", figures["hastore"], figures["redis"],
                        figures.get("floor"))
@@ -513,7 +518,7 @@ def report_lines(report: dict) -> list[str]:
 # --- the whole comparison ------------------------------------------------------------------
 def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seconds: float = 5.0,
                    samples: int = 1000, messages_max: int = 1_000_000,
-                   batch_sizes: tuple[int, ...] | None = None) -> dict:
+                   batch_sizes: tuple[int, ...] | None = None, client_busy_poll_us: int = 0) -> dict:
     """Start both sides under ``directory``, run ``rounds`` rounds, stop every process; the
     report. With ``batch_sizes``, then the batched workload at each size (batch_costs.py)."""
     if peer != "redis":
@@ -526,7 +531,7 @@ def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seco
         redis_group = None if peer_missing else redis_peer.RedisGroup.start(os.path.join(directory, "redis"))
         try:
             comparison = Comparison(hastore, redis_group, seconds=seconds, samples=samples,
-                                    messages_max=messages_max, floor=floor)
+                                    messages_max=messages_max, floor=floor, client_busy_poll_us=client_busy_poll_us)
             try:
                 async def main() -> tuple[list[dict], dict | None]:
                     await hastore.wait_in_sync()
@@ -553,7 +558,7 @@ def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seco
     return {"peer": peer, "peer_missing": peer_missing, "redis_version": redis_peer.redis_version(),
             "hiredis": _hiredis(), "python": _interpreter(),
             "settings": {"rounds": rounds, "seconds": seconds, "samples": samples, "messages_max": messages_max,
-                         "body_bytes": len(BODY)},
+                         "body_bytes": len(BODY), "client_busy_poll_us": client_busy_poll_us},
             "rounds": measured, **summary, "targets": TARGETS, "targets_met": targets_met(summary["ratios"]),
             "stored_ok": stored_ok, **({"batch_costs": costs} if costs is not None else {})}
 
@@ -574,17 +579,17 @@ def _hiredis() -> bool | None:
 
 
 def compare_command(peer: str, rounds: int, seconds: float, samples: int, directory: str | None,
-                    as_json: bool, batch_sizes: tuple[int, ...] | None = None) -> None:
+                    as_json: bool, batch_sizes: tuple[int, ...] | None = None, client_busy_poll_us: int = 0) -> None:
     """What ``hastore bench replicate --peer redis`` does: run, print, exit 1 if a side lost an ack."""
     try:
         if directory:
             os.makedirs(directory, exist_ok=True)
             report = run_comparison(directory, peer=peer, rounds=rounds, seconds=seconds, samples=samples,
-                                    batch_sizes=batch_sizes)
+                                    batch_sizes=batch_sizes, client_busy_poll_us=client_busy_poll_us)
         else:
             with tempfile.TemporaryDirectory(prefix="hastore-bench-sync-compare-") as root:
                 report = run_comparison(root, peer=peer, rounds=rounds, seconds=seconds, samples=samples,
-                                        batch_sizes=batch_sizes)
+                                        batch_sizes=batch_sizes, client_busy_poll_us=client_busy_poll_us)
     except BenchPeerError as error:
         raise click.ClickException(str(error)) from None
     if report["peer_missing"]:

@@ -14,9 +14,10 @@ from ..errors import (AuthError, ConnectionLostError, NotMasterError, RequestErr
                       UnknownOutcomeError, UnsentError)
 from ..wire import protocol
 from ..wire.protocol import RequestCode
-from .connection import REQUEST_TIMEOUT_MS, Connection, sole_error, connect
+from .connection import BUSY_POLL_US_MAX, REQUEST_TIMEOUT_MS, Connection, sole_error, connect
 from .values import OutgoingMessage, SendResult, send_fields
 
+BUSY_POLL_US = 0   # a one-at-a-time caller's wait for its reply polls this long (Producer)
 RETRYABLE_CODES = ("NOT_MASTER", "SYSTEM_BUSY", "SERVICE_NOT_AVAILABLE")
 _RESULT_COLUMNS = ("status", "queue_id", "queue_offset", "physical_offset", "message_id", "reason")
 _new_tuple = tuple.__new__   # SendResult rows from zipped columns, without a call per field
@@ -85,14 +86,22 @@ class Producer:
     ``send_batch``, while no closed batch waits to leave and the in-flight window has room,
     is sent from the caller's own task at once, with no linger and no hop through the
     batching tasks; concurrent sends to a busy topic still gather into batches.
+
+    ``busy_poll_us`` (0 by default, at most 1,000): a caller that sends one request at a
+    time polls its socket for its reply this long before it sleeps, giving its CPU way after
+    each empty poll (connection.py ``busy_poll``). A lower median round trip for up to that
+    much CPU a send, and, on a machine with few CPUs, a longer tail: see README, "Busy
+    polling". A pipelining caller never polls.
     """
 
     def __init__(self, bootstrap: str, nursery: trio.Nursery, *, secret: str | None = None,
                  batch_count_max: int = 64, batch_bytes_max: int = 1024 * 1024, linger_ms: float = 2,
                  in_flight_max: int = 16, retries_max: int = 3, retry_backoff_ms: int = 100,
-                 request_timeout_ms: int = REQUEST_TIMEOUT_MS) -> None:
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS, busy_poll_us: int = BUSY_POLL_US) -> None:
         if not 1 <= batch_count_max <= protocol.BATCH_COUNT_MAX:
             raise ValueError(f"batch_count_max must be in [1, {protocol.BATCH_COUNT_MAX}]")
+        if not 0 <= busy_poll_us <= BUSY_POLL_US_MAX:
+            raise ValueError(f"busy_poll_us must be in [0, {BUSY_POLL_US_MAX}]")
         self.address = bootstrap
         self._nursery = nursery
         self._secret = secret
@@ -102,6 +111,7 @@ class Producer:
         self.retries_max = retries_max
         self.retry_backoff_ms = retry_backoff_ms
         self.request_timeout_ms = request_timeout_ms
+        self.busy_poll_us = busy_poll_us
         self.in_flight_max = in_flight_max
         self._in_flight = trio.Semaphore(in_flight_max)
         self._open: dict[str, _Batch] = {}
@@ -197,7 +207,8 @@ class Producer:
             return connection
         async with self._connect_lock:
             if self._connection is None or self._connection.closed:
-                self._connection = await connect(self.address, self._nursery, secret=self._secret)
+                self._connection = await connect(self.address, self._nursery, secret=self._secret,
+                                                 busy_poll_us=self.busy_poll_us)
             return self._connection
 
     async def _send_with_retries(self, batch: _Batch) -> None:

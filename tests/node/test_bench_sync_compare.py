@@ -90,7 +90,8 @@ def test_comparison_runs_both_sides_and_both_hold_what_they_acked():
 @pytest.mark.integration
 def test_without_redis_server_it_says_how_to_install_it_and_measures_hastore_alone(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path)}  # no redis-server there
-    report, stderr = _bench(env)
+    report, stderr = _bench(env, "--client-busy-poll-us", "300")
+    assert report["settings"]["client_busy_poll_us"] == 300   # the single sends' Producer polled
     assert "apt-get install redis-server" in stderr
     assert "apt-get install redis-server" in report["peer_missing"]
     assert report["ratios"] is None and report["targets_met"] is None
@@ -158,3 +159,23 @@ def test_cpu_seconds_of_this_process_grow_with_work():
     assert total > 0
     assert meter.spent["client"] > 0
     assert meter.per_message_us(1)["total"] == round(meter.spent["client"] * 1e6, 1)
+
+
+def test_the_report_says_when_the_single_sends_busy_polled():
+    summary = sync_compare.summarize([{"hastore": _side(1_000, 500, 300, 900), "redis": None}])
+    rounds = [{"round": 1, "first": "hastore", "hastore": _side(1_000, 500, 300, 900), "redis": None}]
+    report = {"peer_missing": None, "rounds": rounds, **summary, "stored_ok": True,
+              "settings": {"client_busy_poll_us": 0}}
+    assert not any("busy-polls" in line for line in sync_compare.report_lines(report))
+    report["settings"]["client_busy_poll_us"] = 250
+    assert "hastore's single sends: the Producer busy-polls 250 µs for each reply" in sync_compare.report_lines(report)
+
+
+def test_client_busy_polling_is_refused_without_the_comparison():
+    from click.testing import CliRunner
+
+    from node.bench.replicate import bench_replicate_command
+    refused = CliRunner().invoke(bench_replicate_command, ["--client-busy-poll-us", "100"])
+    assert refused.exit_code == 2 and "it needs --peer redis" in refused.output
+    over = CliRunner().invoke(bench_replicate_command, ["--peer", "redis", "--client-busy-poll-us", "1001"])
+    assert over.exit_code == 2 and "0<=x<=1000" in over.output

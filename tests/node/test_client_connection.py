@@ -5,14 +5,15 @@ deadlines and connection loss, over in-memory streams and over real sockets."""
 
 import socket
 import threading
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 
 import pytest
 import trio
 import trio.testing
 
-from node.client import connect_stream
+from node.client import connect_stream, open_producer
+from node.client.connection import busy_poll
 from node.errors import ConnectionLostError, RequestError, RequestTimeoutError
 from node.wire.protocol import FrameDecoder, RequestCode, encode_frame
 
@@ -454,7 +455,13 @@ def _thread_node(sock: socket.socket, count: int) -> None:
         if not data:
             return
         for request in decoder.feed(data):
-            sock.sendall(encode_frame({"code": 0, "opaque": request["opaque"], "flags": 1, "echo": request["tag"]}))
+            reply = {"code": 0, "opaque": request["opaque"], "flags": 1, "echo": request.get("tag")}
+            if "message_columns" in request:   # a producer's send: every message PUT_OK
+                n = len(request["message_columns"]["body"])
+                reply["result_columns"] = {"status": ["PUT_OK"] * n, "queue_id": [0] * n,
+                                           "queue_offset": [answered] * n, "physical_offset": [0] * n,
+                                           "message_id": ["M"] * n, "reason": [""] * n}
+            sock.sendall(encode_frame(reply))
             answered += 1
 
 
@@ -473,6 +480,24 @@ async def _connected_to_a_thread_node(requests: int):
         theirs.close()
 
 
+@contextmanager
+def _thread_node_listening(requests: int):
+    """The address of a ``_thread_node`` answering ``requests`` on its first connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept_then_serve():
+        sock, _ = listener.accept()
+        with sock:
+            _thread_node(sock, requests)
+    node = threading.Thread(target=accept_then_serve, daemon=True)
+    node.start()
+    try:
+        yield "127.0.0.1:%d" % listener.getsockname()[1]
+    finally:
+        listener.close()
+        node.join(10)
+
+
 @pytest.mark.trio
 async def test_a_caller_alone_waits_for_its_reply_in_place_when_the_loop_has_nothing_else_to_do():
     # the reply comes from another thread: nothing in this loop needs it meanwhile, so the
@@ -481,6 +506,69 @@ async def test_a_caller_alone_waits_for_its_reply_in_place_when_the_loop_has_not
         replies = [await connection.request(RequestCode.STATUS, tag=f"r{i}") for i in range(5)]
         assert [r["echo"] for r in replies] == [f"r{i}" for i in range(5)]
         assert connection.statistics().waits_in_place >= 1
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("busy_poll_us", [0, 1_000])
+async def test_a_producer_sending_one_at_a_time_busy_polls_for_its_replies_unless_told_not_to(busy_poll_us):
+    # the node (a thread) answers at once: with a window, replies come while the caller
+    # polls; without, the caller still waits in place, asleep in poll(2)
+    sends = 50
+    with _thread_node_listening(sends) as address:
+        async with open_producer(address, batch_count_max=1, linger_ms=0, busy_poll_us=busy_poll_us) as producer:
+            results = [await producer.send("t", b"m%d" % i) for i in range(sends)]
+            statistics = producer._connection.statistics()
+    assert [r.queue_offset for r in results] == list(range(sends))
+    assert statistics.waits_in_place >= sends - 2    # the first sends are not yet "alone in a row"
+    assert (statistics.busy_polled > 0) == (busy_poll_us > 0)
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("busy_poll_us", [-1, 1_001])
+async def test_a_busy_poll_window_outside_its_bounds_is_refused(busy_poll_us):
+    with pytest.raises(ValueError, match="busy_poll_us must be in"):
+        async with open_producer("127.0.0.1:1", busy_poll_us=busy_poll_us):
+            pass
+
+
+class _Turns:
+    """busy_poll's collaborators, scripted: what each poll finds, a clock, and the yields."""
+
+    def __init__(self, found: list, step_s: float) -> None:
+        self.found, self.step_s = found, step_s
+        self.now = 0.0
+        self.polls = self.yields = 0
+
+    def poll(self, timeout_ms):
+        assert timeout_ms == 0   # a busy poll never sleeps
+        self.polls += 1
+        return self.found.pop(0) if self.found else []
+
+    def clock(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+    def give_way(self) -> None:
+        self.yields += 1
+
+
+def test_a_busy_poll_gives_the_cpu_way_after_each_empty_poll_until_something_is_ready():
+    turns = _Turns([[], [], [], [(7, 1)]], step_s=1e-6)
+    assert busy_poll(turns.poll, 1e-3, turns.clock, turns.give_way) == [(7, 1)]
+    assert turns.polls == 4 and turns.yields == 3
+
+
+def test_a_busy_poll_that_finds_something_at_once_neither_yields_nor_reads_the_clock():
+    turns = _Turns([[(7, 1)]], step_s=1.0)
+    assert busy_poll(turns.poll, 1e-3, turns.clock, turns.give_way) == [(7, 1)]
+    assert turns.polls == 1 and turns.yields == 0 and turns.now == 0
+
+
+def test_a_busy_poll_ends_empty_once_its_window_has_passed():
+    turns = _Turns([], step_s=10e-6)
+    assert busy_poll(turns.poll, 100e-6, turns.clock, turns.give_way) == []
+    # the clock read at the start, then after each poll: the window ends on the 10th turn
+    assert turns.polls == 11 and turns.yields == 10
 
 
 @pytest.mark.trio
