@@ -17,7 +17,7 @@ from ..wire.protocol import RequestCode
 from .connection import BUSY_POLL_US_MAX, REQUEST_TIMEOUT_MS, Connection, sole_error, connect
 from .values import OutgoingMessage, SendResult, send_fields
 
-BUSY_POLL_US = 0   # a one-at-a-time caller's wait for its reply polls this long (Producer)
+BUSY_POLL_US = 0   # the Producer's busy_poll_us: off unless asked for (README, Busy polling)
 RETRYABLE_CODES = ("NOT_MASTER", "SYSTEM_BUSY", "SERVICE_NOT_AVAILABLE")
 _RESULT_COLUMNS = ("status", "queue_id", "queue_offset", "physical_offset", "message_id", "reason")
 _new_tuple = tuple.__new__   # SendResult rows from zipped columns, without a call per field
