@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+from functools import partial
 
 import click
 
@@ -434,11 +435,15 @@ def cluster_kill(node, directory, signal_name) -> None:
     `hastore cluster restart NODE`.
     """
     sig = _SIGNALS[signal_name.upper()]
+    cluster = LocalCluster(directory)
+    # STOP and CONT return once every thread of the process has stopped, or none is stopped
+    waited = {signal.SIGSTOP: (cluster.pause, "; it has stopped"), signal.SIGCONT: (cluster.resume, "; it goes on")}
+    act, outcome = waited.get(sig, (partial(cluster.kill, sig=sig), ""))
     try:
-        pid = LocalCluster(directory).kill(node, sig)
+        pid = act(node)
     except ClusterError as error:
         raise _fail(error) from None
-    click.echo(f"sent SIG{signal_name.upper()} to {node} (pid {pid})")
+    click.echo(f"sent SIG{signal_name.upper()} to {node} (pid {pid}){outcome}")
 
 
 @cluster_group.command("restart")

@@ -35,6 +35,7 @@ from typing import Sequence
 from ..errors import NodeProcessError
 
 EXIT_POLL_INTERVAL_S = 0.05
+STOP_POLL_INTERVAL_S = 0.001
 KILL_WAIT_S = 5.0
 READY_LINE_BYTES_MAX = 64 * 1024
 LOG_TAIL_BYTES_MAX = 256 * 1024
@@ -185,6 +186,40 @@ def stop_child(process: subprocess.Popen | SupervisedProcess, timeout_s: float,
     if ending.exit_status is None:
         raise NodeProcessError(f"process {supervised.pid} still runs {kill_wait_s:g} s after SIGKILL")
     return ending.exit_status
+
+
+def thread_states(pid: int, proc: str = "/proc") -> list[str]:
+    """The state letter of each thread of ``pid`` (``R``, ``S``, ``T`` stopped, ...); [] if
+    it is gone. A thread that ends while they are read is left out."""
+    states = []
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+    for tid in tids:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/stat", "rb") as handle:
+                states.append(handle.read().rsplit(b")", 1)[1].split()[0].decode())
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+    return states
+
+
+def wait_stopped(pid: int, stopped: bool, timeout_s: float, proc: str = "/proc") -> bool:
+    """Poll until every thread of ``pid`` is stopped by a signal (``stopped``; after SIGSTOP)
+    or none is (after SIGCONT), or ``timeout_s`` passes; whether it came to that. The kill
+    returns once the signal is sent: a process of several threads (a node's loop, its
+    follow thread, flusher, preallocator) stops one thread at a time after it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = thread_states(pid, proc)
+        if not states:
+            return False   # gone
+        if all(state in "Tt" for state in states) if stopped else not any(state in "Tt" for state in states):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(STOP_POLL_INTERVAL_S)
 
 
 def pid_runs(pid: int, argv_marker: str | None, work_dir: str | None) -> bool:

@@ -67,7 +67,7 @@ from ..server.config import load_config
 from .cluster_secret import with_secret_from_environment
 from .plan import plan_processes
 from .probes import PROBE_TIMEOUT_S, probe_all, ready_or_failures
-from .processes import KILL_WAIT_S, SupervisedProcess, log_tail, spawn, stop as stop_processes, wait_exit
+from .processes import KILL_WAIT_S, SupervisedProcess, log_tail, spawn, stop as stop_processes, wait_exit, wait_stopped
 from .proxies import API_TIMEOUT_S, TOXIPROXY, ProxyLink, ToxiproxyAPI, client_proxies
 from .records import CALL_TIMEOUT_S, ClusterRecords
 from .state import STATE_FILE, STATE_FORMAT, ProcessSpec, locked, read_state, write_state
@@ -411,12 +411,19 @@ class LocalCluster:
         return pid
 
     def pause(self, name: str) -> int:
-        """SIGSTOP: the process holds its sockets but answers nothing (a hung node)."""
-        return self.kill(name, signal.SIGSTOP)
+        """SIGSTOP: the process holds its sockets but answers nothing (a hung node). Returns
+        once every thread of it has stopped (ClusterError if that takes over KILL_WAIT_S)."""
+        pid = self.kill(name, signal.SIGSTOP)
+        if not wait_stopped(pid, True, KILL_WAIT_S):
+            raise ClusterError(f"{name} (pid {pid}) did not stop within {KILL_WAIT_S:g} s of SIGSTOP")
+        return pid
 
     def resume(self, name: str) -> int:
-        """SIGCONT after ``pause``."""
-        return self.kill(name, signal.SIGCONT)
+        """SIGCONT after ``pause``; returns once no thread of it is stopped any more."""
+        pid = self.kill(name, signal.SIGCONT)
+        if not wait_stopped(pid, False, KILL_WAIT_S):
+            raise ClusterError(f"{name} (pid {pid}) did not go on within {KILL_WAIT_S:g} s of SIGCONT")
+        return pid
 
     def start(self, name: str) -> ProcessSpec:
         """Start ``name`` again with its recorded config (same ports) and wait until it is ready."""

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from node.cluster.cli import LocalCluster
+from node.cluster.processes import thread_states
 
 from cluster_helpers import hastore, node_status, process_alive
 
@@ -53,6 +54,14 @@ def test_up_status_down_with_static_roles(cluster_dir, tmp_path):
     again = hastore("cluster", "up", "--dir", cluster_dir)
     assert again.returncode != 0
     assert "already running" in again.stderr and "cluster down" in again.stderr
+
+    # STOP returns once every thread of the node has stopped, CONT once none is stopped
+    stop = hastore("cluster", "kill", "g1-n3", "--signal", "STOP", "--dir", cluster_dir)
+    assert stop.returncode == 0 and stop.stdout.strip().endswith("; it has stopped"), stop.stderr
+    assert set(thread_states(nodes[2]["pid"])) == {"T"}
+    resume = hastore("cluster", "kill", "g1-n3", "--signal", "CONT", "--dir", cluster_dir)
+    assert resume.returncode == 0 and resume.stdout.strip().endswith("; it goes on"), resume.stderr
+    assert "T" not in thread_states(nodes[2]["pid"])
 
     pids = [n["pid"] for n in nodes]
     down = hastore("cluster", "down", "--dir", cluster_dir, "--json")

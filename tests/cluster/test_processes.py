@@ -10,12 +10,18 @@ import time
 
 import pytest
 
-from node.cluster.processes import SupervisedProcess, log_tail, read_ready_line, spawn, stop, stop_child
+from node.cluster.processes import (SupervisedProcess, log_tail, read_ready_line, spawn, stop, stop_child,
+                                    thread_states, wait_stopped)
 from node.errors import NodeProcessError
 
 IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
 SLEEPS = "import time; time.sleep(60)"
 SAYS_UP_AND_SLEEPS = "import time; print('up', flush=True); time.sleep(60)"
+# four threads, each busy in a loop of its own, then "up": SIGSTOP stops them one by one
+FOUR_BUSY_THREADS = ("import threading, time\n"
+                     "def spin():\n    while True: time.sleep(0)\n"
+                     "for _ in range(3): threading.Thread(target=spin, daemon=True).start()\n"
+                     "print('up', flush=True)\nspin()")
 
 
 def _python(code: str) -> list[str]:
@@ -96,3 +102,43 @@ def test_log_tail_starts_at_the_last_marker_and_keeps_the_last_lines(tmp_path):
     assert log_tail(str(tmp_path / "missing.log")) == f"(no log at {tmp_path / 'missing.log'})"
     assert log_tail(str(tmp_path / "missing.log"), missing="") == ""
     assert not os.path.exists(tmp_path / "missing.log")
+
+
+@pytest.mark.integration
+def test_a_stopped_process_is_waited_for_until_every_thread_has_stopped_and_then_until_none_is(tmp_path):
+    busy = spawn(_python(FOUR_BUSY_THREADS), str(tmp_path / "x.log"), ready_pipe=True)
+    try:
+        assert busy.popen.stdout.readline() == b"up\n"
+        assert len(thread_states(busy.pid)) == 4
+        os.kill(busy.pid, signal.SIGSTOP)
+        assert wait_stopped(busy.pid, True, 5.0)
+        assert set(thread_states(busy.pid)) == {"T"}
+        os.kill(busy.pid, signal.SIGCONT)
+        assert wait_stopped(busy.pid, False, 5.0)
+        assert "T" not in thread_states(busy.pid)
+        assert not wait_stopped(busy.pid, True, 0.05)   # running: it never stops by itself
+    finally:
+        stop([busy], timeout_s=5.0)
+        busy.close()
+    assert thread_states(busy.pid) == [] and not wait_stopped(busy.pid, True, 0.05)   # gone
+
+
+def _fake_proc(root, pid: int, states: dict[int, str]) -> str:
+    for tid, state in states.items():
+        task = root / str(pid) / "task" / str(tid)
+        task.mkdir(parents=True)
+        (task / "stat").write_text(f"{tid} (a (strange) name) {state} 1 2 3")
+    return str(root)
+
+
+def test_thread_states_are_read_past_the_last_parenthesis_of_the_name(tmp_path):
+    proc = _fake_proc(tmp_path, 41, {41: "S", 42: "T", 43: "R"})
+    assert sorted(thread_states(41, proc)) == ["R", "S", "T"]
+    assert thread_states(40, proc) == []
+
+
+def test_wait_stopped_wants_every_thread_stopped_or_none(tmp_path):
+    mixed = _fake_proc(tmp_path / "mixed", 7, {7: "T", 8: "S"})
+    assert not wait_stopped(7, True, 0.01, mixed) and not wait_stopped(7, False, 0.01, mixed)
+    stopped = _fake_proc(tmp_path / "stopped", 7, {7: "T", 8: "t"})
+    assert wait_stopped(7, True, 0.01, stopped) and not wait_stopped(7, False, 0.01, stopped)
