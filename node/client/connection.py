@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import math
-import os
 import select
-import time
 from collections import deque
-from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -19,7 +16,7 @@ from ..errors import AuthError, ConnectionLostError, FrameError, NodeError, Requ
 from ..wire import protocol
 from ..wire.address import address_problem, split_address
 from ..wire.auth import auth_digest
-from ..wire.loop_view import LoopView
+from ..wire.loop_view import LoopView, busy_poll
 from ..wire.protocol import FrameDecoder, RequestCode, ResponseCode
 from ..wire.socket_io import read_now, receive_some, write_now
 from .values import error_from_reply
@@ -34,6 +31,13 @@ RETIRE_POLL_S = 0.005       # how often a connection closing after its last repl
 LEADER_WAIT_S_MAX = 0.001
 LEADER_ALONE_SUBMITS = 2    # a wait in place only once this many requests in a row were alone
 BUSY_POLL_US_MAX = 1_000    # a wait in place's busy poll fits in it (LEADER_WAIT_S_MAX)
+
+
+def checked_busy_poll_us(busy_poll_us: int) -> int:
+    """``busy_poll_us`` (a Connection's, a Producer's), or ValueError outside its bounds."""
+    if not 0 <= busy_poll_us <= BUSY_POLL_US_MAX:
+        raise ValueError(f"busy_poll_us must be in [0, {BUSY_POLL_US_MAX}], not {busy_poll_us!r}")
+    return busy_poll_us
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +101,6 @@ class Connection:
 
     def __init__(self, stream: trio.abc.Stream, address: str, decoder: FrameDecoder, *,
                  busy_poll_us: int = 0) -> None:
-        if not 0 <= busy_poll_us <= BUSY_POLL_US_MAX:
-            raise ValueError(f"busy_poll_us must be in [0, {BUSY_POLL_US_MAX}], not {busy_poll_us!r}")
         self.stream = stream
         self.address = address
         self._decoder = decoder
@@ -109,7 +111,7 @@ class Connection:
         # loop's descriptor (any other I/O, a timer's or a thread's wake-up ends the wait)
         self._loop: LoopView | None = None
         self._leader_poll = None
-        self._busy_poll_s = busy_poll_us / 1e6
+        self._busy_poll_s = checked_busy_poll_us(busy_poll_us) / 1e6
         if self._socket is not None:
             self._idle_poll.register(self._socket.fileno(), select.POLLIN)
             loop = LoopView.of_current_run()
@@ -506,30 +508,6 @@ def sole_error(group: BaseExceptionGroup) -> BaseException:
     """
     leaves = exception_leaves(group)
     return leaves[0] if len(leaves) == 1 else group
-
-
-def busy_poll(poll: Callable[[float], list], window_s: float, clock: Callable[[], float] = time.perf_counter,
-              give_way: Callable[[], None] = os.sched_yield) -> list:
-    """``poll(0)`` until it finds something ready or ``window_s`` has passed; what it found.
-
-    The CPU is yielded after each empty turn (``sched_yield`` returns at once when nothing
-    else waits for it): on a machine with few CPUs, what the caller waits for is often a
-    process woken onto the very CPU it polls on (a sync send's slave), which runs at once
-    instead of after the window. Measured, one send at a time to a master with two all-ack
-    slaves (warm, in-process stamps on one clock): the node's write of the reply, which
-    wakes the client, 16 -> 8 µs, and from there to the caller's read 27 -> 7 µs; for a
-    client CPU a send of about 40 -> 120 µs. What it costs besides, on a small machine, is
-    the tail: README, "Busy polling". ``busy_poll_us`` (a Producer's option) is off by
-    default."""
-    ready = poll(0)
-    if ready:
-        return ready
-    end = clock() + window_s
-    while True:
-        give_way()
-        ready = poll(0)
-        if ready or clock() >= end:
-            return ready
 
 
 async def connect(address: str, nursery: trio.Nursery, *, secret: str | None = None,

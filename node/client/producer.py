@@ -14,7 +14,7 @@ from ..errors import (AuthError, ConnectionLostError, NotMasterError, RequestErr
                       UnknownOutcomeError, UnsentError)
 from ..wire import protocol
 from ..wire.protocol import RequestCode
-from .connection import BUSY_POLL_US_MAX, REQUEST_TIMEOUT_MS, Connection, sole_error, connect
+from .connection import REQUEST_TIMEOUT_MS, Connection, checked_busy_poll_us, sole_error, connect
 from .values import OutgoingMessage, SendResult, send_fields
 
 BUSY_POLL_US = 0   # the Producer's busy_poll_us: off unless asked for (README, Busy polling)
@@ -89,7 +89,7 @@ class Producer:
 
     ``busy_poll_us`` (0 by default, at most 1,000): a caller that sends one request at a
     time polls its socket for its reply this long before it sleeps, giving its CPU way after
-    each empty poll (connection.py ``busy_poll``). A lower median round trip for up to that
+    each empty poll (node/wire/loop_view.py ``busy_poll``). A lower median round trip for up to that
     much CPU a send, and, on a machine with few CPUs, a longer tail: see README, "Busy
     polling". A pipelining caller never polls.
     """
@@ -100,8 +100,6 @@ class Producer:
                  request_timeout_ms: int = REQUEST_TIMEOUT_MS, busy_poll_us: int = BUSY_POLL_US) -> None:
         if not 1 <= batch_count_max <= protocol.BATCH_COUNT_MAX:
             raise ValueError(f"batch_count_max must be in [1, {protocol.BATCH_COUNT_MAX}]")
-        if not 0 <= busy_poll_us <= BUSY_POLL_US_MAX:
-            raise ValueError(f"busy_poll_us must be in [0, {BUSY_POLL_US_MAX}]")
         self.address = bootstrap
         self._nursery = nursery
         self._secret = secret
@@ -111,7 +109,7 @@ class Producer:
         self.retries_max = retries_max
         self.retry_backoff_ms = retry_backoff_ms
         self.request_timeout_ms = request_timeout_ms
-        self.busy_poll_us = busy_poll_us
+        self.busy_poll_us = checked_busy_poll_us(busy_poll_us)   # before any connection
         self.in_flight_max = in_flight_max
         self._in_flight = trio.Semaphore(in_flight_max)
         self._open: dict[str, _Batch] = {}

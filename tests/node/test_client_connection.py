@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from node.client import connect_stream, open_producer
-from node.client.connection import busy_poll
+from node.wire.loop_view import busy_poll
 from node.errors import ConnectionLostError, RequestError, RequestTimeoutError
 from node.wire.protocol import FrameDecoder, RequestCode, encode_frame
 
