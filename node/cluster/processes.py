@@ -198,11 +198,17 @@ def thread_states(pid: int, proc: str = "/proc") -> list[str]:
         return []
     for tid in tids:
         try:
-            with open(f"{proc}/{pid}/task/{tid}/stat", "rb") as handle:
-                states.append(handle.read().rsplit(b")", 1)[1].split()[0].decode())
+            states.append(_stat_state(f"{proc}/{pid}/task/{tid}/stat").decode())
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
     return states
+
+
+def _stat_state(path: str) -> bytes:
+    """The state field of a /proc ``stat`` file: after the name's last parenthesis (a name
+    may hold any)."""
+    with open(path, "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0]
 
 
 def wait_stopped(pid: int, stopped: bool, timeout_s: float, proc: str = "/proc") -> bool:
@@ -226,8 +232,7 @@ def pid_runs(pid: int, argv_marker: str | None, work_dir: str | None) -> bool:
     """Whether ``pid`` runs (not a zombie) with ``argv_marker`` in its argv or ``work_dir`` as
     its working directory (a recorded pid may since belong to another process)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
+        state = _stat_state(f"/proc/{pid}/stat")
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             argv = handle.read().split(b"\0")
         cwd = os.readlink(f"/proc/{pid}/cwd")
