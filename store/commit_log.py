@@ -26,6 +26,7 @@ from typing import Callable, Iterator, NamedTuple
 from . import codec
 from .codec import CorruptMessage, StoredMessage
 from .errors import DiskFullError, MessageNotFound, StoreCorruptError, StoreError, invariant
+from .mapped_file import WRITE_MAPPED_BYTES_MAX
 from .mapped_file_queue import MappedFileQueue
 from .message import PutColumns, PutResult, PutStatus
 from .put_batch import BatchColumns, encode_run, queue_offsets_for
@@ -329,7 +330,8 @@ class CommitLog:
         """Append raw records (bytes-like) at exactly ``offset`` (replication). They must be
         whole records. Written with ``pwrite``, which releases the GIL (see MappedFile.write),
         with the pages ahead brought in by the preallocator meanwhile (``read_ahead``; without
-        it ``pwrite`` allocates its pages itself). ``positions``: where in ``data`` each message
+        it ``pwrite`` allocates its pages itself, and a write small enough to be copied into the
+        mapping has them faulted in writable ahead, as a put does). ``positions``: where in ``data`` each message
         record starts, as the caller's check of the framing found them
         (``replica_log.check_chunk``); kept in ``written_runs`` for the dispatcher."""
         view = memoryview(data).cast("B")
@@ -354,10 +356,15 @@ class CommitLog:
                 self.written_runs.add(list(map(add, positions, repeat(offset))), run_end)
             if read_ahead:
                 self.segments.populate_ahead(self.max_offset)
+            elif len(view) <= WRITE_MAPPED_BYTES_MAX:
+                # a small write goes through the mapping (MappedFile.write): pages faulted in
+                # writable ahead of it, as ahead of a put, spare it a fault a page
+                self._populate_ahead()
 
     # --- flushing ------------------------------------------------------------------------
     def flush(self) -> int:
-        """fdatasync everything written; return the new flushed offset."""
+        """Sync everything written since the last flush (the range only: MappedFile.flush_range);
+        return the new flushed offset."""
         # read before the end: every message stored at or before this time is below it
         timestamp = self.last_store_timestamp
         target = self.max_offset

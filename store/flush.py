@@ -2,7 +2,8 @@
 
 ``sync``: group commit. A writer asks for its end offset and waits; the thread fsyncs
 everything written so far and wakes every waiter whose offset is now on disk, so one
-fdatasync serves all the puts that arrived during the previous one.
+sync serves all the puts that arrived during the previous one (of the CommitLog: the range
+written since the last sync, ``MappedFile.flush_range``).
 ``async``: the thread fsyncs every ``flush_interval_ms``, and as soon as
 ``flush_dirty_bytes_max`` bytes are written and not yet synced (``written``, after each
 write). Without that bound a burst left one fdatasync hundreds of megabytes (200 MB/s of

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 POPULATE_AHEAD_BYTES = 64 * 1024 * 1024   # pages kept in ahead of a writer that asks for it
 # ahead of a writer through the mapping the pages are faulted in writable, which dirties
-# them: a flush writes this window's zeros too, so it is smaller
+# them (a flush of what was written leaves them alone: MappedFile.flush_range); smaller, as
+# dirty pages the kernel's own writeback may still write out if they wait long
 POPULATE_AHEAD_WRITE_BYTES = 16 * 1024 * 1024
 POPULATE_SLICE_BYTES = 8 * 1024 * 1024    # population goes in slices: a stop or a newer request is seen between them
 
@@ -348,10 +349,12 @@ class MappedFileQueue:
         return mapped
 
     def flush_range(self, start: int, end: int) -> None:
-        """fdatasync every file that holds bytes in [start, end)."""
+        """Make the bytes of [start, end) durable, and only those (``MappedFile.flush_range``:
+        the pages ahead of the writer stay dirty and writable)."""
         for mapped in self.files:
             if mapped.end_offset > start and mapped.start_offset < end:
-                mapped.flush()
+                mapped.flush_range(max(start, mapped.start_offset) - mapped.start_offset,
+                                   min(end, mapped.end_offset) - mapped.start_offset)
 
     def release_before(self, offset: int) -> None:
         """Let the page cache go of everything below ``offset`` (on disk already: flushed),

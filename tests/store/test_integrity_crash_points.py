@@ -1,16 +1,16 @@
 """Crash points: a writer process is killed with SIGKILL at random moments, including
 inside a segment roll and its allocation, an index file's creation, a checkpoint write, a
 config-file write and a replica truncation. After each kill the store starts by itself,
-loses no acknowledged message (flush sync: a put returned PUT_OK after its fdatasync) and
+loses no acknowledged message (flush sync: a put returned PUT_OK after its flush) and
 serves nothing corrupt.
 
 How the kill lands: the writer wraps the file-system calls the store makes (posix_fallocate,
-fdatasync, fsync, replace, unlink, ftruncate, pwrite) so that the k-th call of one of them
-(k and the call chosen from the round's seed) SIGKILLs the process, before or after the
-real call; the module of the store that made the call names the crash point. The calls
-themselves are the real ones. Rounds whose chosen call never comes are killed by the test
-at a random moment instead ("timer"). The distinct crash points reached are counted and
-printed (pytest -s shows them)."""
+fdatasync, fsync, replace, unlink, ftruncate, pwrite, and a CommitLog flush's msync) so that
+the k-th call of one of them (k and the call chosen from the round's seed) SIGKILLs the
+process, before or after the real call; the module of the store that made the call names
+the crash point. The calls themselves are the real ones. Rounds whose chosen call never
+comes are killed by the test at a random moment instead ("timer"). The distinct crash
+points reached are counted and printed (pytest -s shows them)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,9 @@ WRITER = textwrap.dedent("""
             return "preallocator._prepare"
         return "other"
 
-    def wrap(name):
-        real = getattr(os, name)
+    def wrap(name, owner=os, attribute=None):
+        attribute = attribute or name
+        real = getattr(owner, attribute)
         def hooked(*args, **kwargs):
             if name == hook_name:
                 calls["n"] += 1
@@ -63,12 +64,14 @@ WRITER = textwrap.dedent("""
                     os.write(1, f"CRASH {point}\\n".encode())
                     os.kill(os.getpid(), signal.SIGKILL)
             return real(*args, **kwargs)
-        setattr(os, name, hooked)
+        setattr(owner, attribute, hooked)
 
     for name in ("posix_fallocate", "fdatasync", "fsync", "replace", "unlink", "ftruncate", "pwrite"):
         wrap(name)
 
     from store import Message, MessageStore, PutStatus, StoreConfig
+    from store import mapped_file
+    wrap("msync", mapped_file, "_msync")   # a CommitLog flush: msync of the range written (ctypes)
     settings = dict(commitlog_segment_bytes=4096, flush="sync", consume_queue_entries_per_file=8,
                     index_hash_slots=4, index_max_entries=16, checkpoint_interval_ms=30, flush_interval_ms=10,
                     dispatcher_thread=False)
@@ -107,7 +110,7 @@ WRITER = textwrap.dedent("""
         store.wait_dispatched()
 """)
 
-HOOKS = ["posix_fallocate", "fdatasync", "replace", "unlink", "ftruncate", "pwrite", "fsync", "timer"]
+HOOKS = ["posix_fallocate", "fdatasync", "replace", "unlink", "ftruncate", "pwrite", "fsync", "msync", "timer"]
 
 
 def _round(path: str, seed: int, first_number: int) -> tuple[str, dict, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import resource
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -277,6 +278,28 @@ def test_populate_for_write_leaves_the_bytes_alone(tmp_path):
     assert mapped.mm[:mapped.size] == b"\0" * 100 + b"hello" + b"\0" * (mapped.size - 105)
     mapped.close()
     assert mapped.populate_for_write(0, mapped.size) is True   # closed: nothing to do
+
+
+def test_a_range_flush_leaves_the_pages_ahead_of_the_writer_writable(tmp_path):
+    mapped = MappedFile(str(tmp_path / "00000000000000000000"), 0, 64 * mmap.PAGESIZE, create=True)
+    assert mapped.populate_for_write(0, mapped.size) is True
+
+    def faults_writing(first_page: int, last_page: int) -> int:
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        for page in range(first_page, last_page):
+            mapped.mm[page * mmap.PAGESIZE] = 7
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+    mapped.mm[10:15] = b"hello"
+    mapped.flush_range(10, 15)
+    # an fdatasync (``flush``) would have written back and write-protected all 64 pages
+    # (ext4, xfs): each write below would fault again
+    assert faults_writing(1, 40) <= 2
+    mapped.flush_range(mapped.size - 5, 10 * mapped.size)   # cut at the file's end
+    with open(mapped.path, "rb") as handle:
+        assert handle.read(15) == b"\0" * 10 + b"hello"
+    mapped.close()
+    mapped.flush_range(0, 15)   # closed: nothing to do
 
 
 # --- PlainBatch: a producer's batch given as columns ------------------------------------

@@ -400,3 +400,26 @@ def test_an_append_without_read_ahead_leaves_the_pages_ahead_alone(tmp_path, mon
     finally:
         master.shutdown()
         replica.shutdown()
+
+
+def test_a_small_append_without_read_ahead_has_the_pages_ahead_faulted_in_writable(tmp_path, monkeypatch):
+    # a caught-up slave's frames of a few records: copied into the mapping, which would fault
+    # each new page; the preallocator faults the window ahead in writable, as for puts
+    master, replica = (MessageStore(make_config(tmp_path / name, commitlog_segment_bytes=4 * 1024 * 1024,
+                                                preallocate_next_segment=False)) for name in ("m", "r"))
+    master.start()
+    replica.start()
+    try:
+        fill(master, 40)
+        asked = []
+        segments = replica.commit_log.segments
+        monkeypatch.setattr(segments, "populate_ahead",
+                            lambda offset, for_write=False: asked.append((offset, for_write)))
+        small = master.replica_log.read(0, 8 * 1024)
+        end = replica.replica_log.append(0, small, read_ahead=False)
+        assert asked == [(end, True)]
+        replica.replica_log.append(end, master.replica_log.read(end, 8 * 1024), read_ahead=False)
+        assert len(asked) == 1   # asked again only after POPULATE_CHECK_BYTES more
+    finally:
+        master.shutdown()
+        replica.shutdown()
