@@ -52,7 +52,9 @@ class _Preallocator:
         self._wanted: int | None = None
         self._working: int | None = None
         self._populate: tuple[MappedFile, int, int, bool] | None = None   # file, [start, end) to bring in, for write
-        self._populated: tuple[MappedFile | None, int] = (None, 0)   # the last file populated, up to where
+        # the last file populated, up to where, and whether for write (a window read ahead
+        # for a catching-up replica holds clean pages: a writer through the mapping wants it again)
+        self._populated: tuple[MappedFile | None, int, bool] = (None, 0, False)
         self._ready: dict[int, MappedFile] = {}
         self._taken: set[int] = set()
         self._stopped = False
@@ -72,10 +74,11 @@ class _Preallocator:
         window = POPULATE_AHEAD_WRITE_BYTES if for_write else POPULATE_AHEAD_BYTES
         end = min(mapped.size, position + window)
         with self._condition:
-            done_file, done_to = self._populated
-            if done_file is mapped and done_to >= min(mapped.size, position + window // 2):
+            done_file, done_to, done_for_write = self._populated
+            done = done_file is mapped and (done_for_write or not for_write)
+            if done and done_to >= min(mapped.size, position + window // 2):
                 return
-            start = max(position, done_to) if done_file is mapped else position
+            start = max(position, done_to) if done else position
             if start < end:
                 self._populate = (mapped, start, end, for_write)
                 self._condition.notify_all()
@@ -137,7 +140,7 @@ class _Preallocator:
                 log.debug("populating %s stopped: %s", mapped.path, error)
                 return
             with self._condition:
-                self._populated = (mapped, slice_end)
+                self._populated = (mapped, slice_end, for_write)
 
     def stop(self) -> None:
         with self._condition:
@@ -146,7 +149,7 @@ class _Preallocator:
         self._thread.join(timeout=30)
         with self._condition:
             ready, self._ready = list(self._ready.values()), {}
-            self._populated = (None, 0)
+            self._populated = (None, 0, False)
         for mapped in ready:
             mapped.destroy()
 

@@ -12,6 +12,7 @@ import functools
 import mmap
 import os
 import resource
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from store import Message, PlainBatch, PutColumns, PutStatus, put_batch
 from store.errors import DiskFullError
 from store.mapped_file import MappedFile
+from store.mapped_file_queue import MappedFileQueue
 from reference_put import expected_log
 from store_helpers import pull_all, scan_commit_log
 
@@ -300,6 +302,40 @@ def test_a_range_flush_leaves_the_pages_ahead_of_the_writer_writable(tmp_path):
         assert handle.read(15) == b"\0" * 10 + b"hello"
     mapped.close()
     mapped.flush_range(0, 15)   # closed: nothing to do
+
+
+def test_a_window_read_ahead_is_faulted_in_writable_again_for_a_writer_through_the_mapping(tmp_path, monkeypatch):
+    # a replica read ahead while catching up (clean pages), then writes small frames through
+    # the mapping: its write window starts at the writer, not past the window read ahead
+    written_windows = []
+    real = MappedFile.populate_for_write
+    monkeypatch.setattr(MappedFile, "populate_for_write",
+                        lambda self, start, end: written_windows.append((start, end)) or real(self, start, end))
+    queue = MappedFileQueue(str(tmp_path), 8 * 1024 * 1024, preallocate=True)
+    queue.load()
+    queue.roll(0)
+    preallocator = queue._preallocator
+
+    def populated_to(end: int, for_write: bool) -> None:
+        deadline = time.monotonic() + 10
+        while preallocator._populated[1:] != (end, for_write):
+            assert time.monotonic() < deadline, preallocator._populated
+            time.sleep(0.005)
+
+    try:
+        queue.populate_ahead(4096)   # read ahead: the whole file (its window is larger)
+        populated_to(queue.file_size, False)
+        assert written_windows == []
+        queue.populate_ahead(8192, for_write=True)
+        populated_to(queue.file_size, True)
+        assert written_windows and written_windows[0][0] == 8192
+        asked = len(written_windows)
+        queue.populate_ahead(12288, for_write=True)   # the write window holds: nothing more
+        queue.populate_ahead(16384)                    # nor for a read
+        time.sleep(0.05)
+        assert len(written_windows) == asked
+    finally:
+        queue.close()
 
 
 # --- PlainBatch: a producer's batch given as columns ------------------------------------
