@@ -4,6 +4,7 @@ resets and the confirm offset."""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import pytest
 
@@ -377,13 +378,23 @@ def test_a_failed_append_leaves_no_record_positions_for_other_bytes_written_ther
     assert slave.topics().keys() == {"u"}
 
 
-def test_an_append_without_read_ahead_leaves_the_pages_ahead_alone(tmp_path, monkeypatch):
-    # no preallocator threads: they populate each file they create, whenever they get to it
-    master, replica = (MessageStore(make_config(tmp_path / name, commitlog_segment_bytes=4 * 1024 * 1024,
-                                                preallocate_next_segment=False)) for name in ("m", "r"))
-    master.start()
-    replica.start()
+@contextmanager
+def master_and_replica(tmp_path):
+    """Two running stores of 4 MiB segments with no preallocator threads (they populate each
+    file they create, whenever they get to it)."""
+    stores = [MessageStore(make_config(tmp_path / name, commitlog_segment_bytes=4 * 1024 * 1024,
+                                       preallocate_next_segment=False)) for name in ("m", "r")]
+    for store in stores:
+        store.start()
     try:
+        yield stores
+    finally:
+        for store in stores:
+            store.shutdown()
+
+
+def test_an_append_without_read_ahead_leaves_the_pages_ahead_alone(tmp_path, monkeypatch):
+    with master_and_replica(tmp_path) as (master, replica):
         fill(master, 400)
         chunk = master.replica_log.read(0, 128 * 1024)
         populated, asked = [], []
@@ -397,19 +408,12 @@ def test_an_append_without_read_ahead_leaves_the_pages_ahead_alone(tmp_path, mon
         assert len(more) > 64 * 1024
         replica.replica_log.append(end, more)   # the default reads ahead: a write this large populates first
         assert asked == [end + len(more)] and populated
-    finally:
-        master.shutdown()
-        replica.shutdown()
 
 
 def test_a_small_append_without_read_ahead_has_the_pages_ahead_faulted_in_writable(tmp_path, monkeypatch):
     # a caught-up slave's frames of a few records: copied into the mapping, which would fault
     # each new page; the preallocator faults the window ahead in writable, as for puts
-    master, replica = (MessageStore(make_config(tmp_path / name, commitlog_segment_bytes=4 * 1024 * 1024,
-                                                preallocate_next_segment=False)) for name in ("m", "r"))
-    master.start()
-    replica.start()
-    try:
+    with master_and_replica(tmp_path) as (master, replica):
         fill(master, 40)
         asked = []
         segments = replica.commit_log.segments
@@ -420,6 +424,3 @@ def test_a_small_append_without_read_ahead_has_the_pages_ahead_faulted_in_writab
         assert asked == [(end, True)]
         replica.replica_log.append(end, master.replica_log.read(end, 8 * 1024), read_ahead=False)
         assert len(asked) == 1   # asked again only after POPULATE_CHECK_BYTES more
-    finally:
-        master.shutdown()
-        replica.shutdown()
