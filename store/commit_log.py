@@ -330,10 +330,10 @@ class CommitLog:
         """Append raw records (bytes-like) at exactly ``offset`` (replication). They must be
         whole records. Written with ``pwrite``, which releases the GIL (see MappedFile.write),
         with the pages ahead brought in by the preallocator meanwhile (``read_ahead``; without
-        it ``pwrite`` allocates its pages itself, and a write small enough to be copied into the
-        mapping has them faulted in writable ahead, as a put does). ``positions``: where in ``data`` each message
-        record starts, as the caller's check of the framing found them
-        (``replica_log.check_chunk``); kept in ``written_runs`` for the dispatcher."""
+        it ``pwrite`` allocates its pages itself, and a write small enough to be copied into
+        the mapping has them faulted in writable ahead, as a put does). ``positions``: where
+        in ``data`` each message record starts, as the caller's check of the framing found
+        them (``replica_log.check_chunk``); kept in ``written_runs`` for the dispatcher."""
         view = memoryview(data).cast("B")
         with self._write_lock:
             if offset != self.max_offset:

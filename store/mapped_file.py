@@ -194,7 +194,7 @@ class MappedFile:
         Ahead of a writer the preallocator faults pages in writable (``populate_for_write``);
         each flush (every 500 ms by default) undid that for the whole window, and every new
         page of the log faulted all the same (a put of 1 KiB: 0.28-0.33 minor faults on the
-        master and on each slave, ~0.04 with this), its zeros written to the disk first."""
+        master and on each slave, 0.04-0.11 with this), its zeros written to the disk first."""
         if self._closed:
             return
         start -= start % mmap.PAGESIZE
