@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from store import Message, MessageStore, PutStatus, StoreClosedError, StoreError
+from store.commit_log import REPLICA_WRITE_WINDOW_BYTES
 from store.mapped_file import MappedFile
 from store.replica_log import CUT, RESET, ChunkError, CutIntent, CutMarker, check_chunk
 from store_helpers import make_config, pull_all, segment_files
@@ -400,7 +401,8 @@ def test_an_append_without_read_ahead_leaves_the_pages_ahead_alone(tmp_path, mon
         populated, asked = [], []
         monkeypatch.setattr(MappedFile, "populate", lambda self, start=0, end=None: populated.append((start, end)))
         segments = replica.commit_log.segments
-        monkeypatch.setattr(segments, "populate_ahead", lambda offset, for_write=False: asked.append(offset))
+        monkeypatch.setattr(segments, "populate_ahead",
+                            lambda offset, for_write=False, window=None: asked.append(offset))
         end = replica.replica_log.append(0, chunk, read_ahead=False)
         assert (populated, asked) == ([], [])
         assert bytes(replica.commit_log.read(0, end)) == bytes(chunk)
@@ -417,10 +419,10 @@ def test_a_small_append_without_read_ahead_has_the_pages_ahead_faulted_in_writab
         fill(master, 40)
         asked = []
         segments = replica.commit_log.segments
-        monkeypatch.setattr(segments, "populate_ahead",
-                            lambda offset, for_write=False: asked.append((offset, for_write)))
+        monkeypatch.setattr(segments, "populate_ahead", lambda offset, for_write=False, window=None:
+                            asked.append((offset, for_write, window)))
         small = master.replica_log.read(0, 8 * 1024)
         end = replica.replica_log.append(0, small, read_ahead=False)
-        assert asked == [(end, True)]
+        assert asked == [(end, True, REPLICA_WRITE_WINDOW_BYTES)]
         replica.replica_log.append(end, master.replica_log.read(end, 8 * 1024), read_ahead=False)
-        assert len(asked) == 1   # asked again only after POPULATE_CHECK_BYTES more
+        assert len(asked) == 1   # asked again only after REPLICA_WRITE_CHECK_BYTES more
