@@ -192,7 +192,7 @@ class MappedFileQueue:
             if start % self.file_size:
                 raise StoreError(f"{os.path.join(self.directory, file_name(start))}: start offset is not a "
                                  f"multiple of the file size {self.file_size}; wrong segment size setting?")
-        starts = self._drop_unwritten_past_a_gap(starts)
+        starts = self._drop_unwritten_past_a_short_file(self._drop_unwritten_past_a_gap(starts))
         if starts and not self._repair_last(os.path.join(self.directory, file_name(starts[-1]))):
             starts.pop()
         self.files = [MappedFile(os.path.join(self.directory, file_name(s)), s, self.file_size, create=False)
@@ -221,6 +221,31 @@ class MappedFileQueue:
             os.unlink(path)
             self.repairs.append(f"deleted unwritten file {path} past a gap")
         return kept
+
+    def _drop_unwritten_past_a_short_file(self, starts: list[int]) -> list[int]:
+        """Files after a short one (cut off while it was created) that hold no data are
+        deleted, so that the short one is the last and ``_repair_last`` takes it: a
+        preallocation for a tail a replica cut had removed, which the next file's creation,
+        cut off by a crash, made contiguous again (found by the crash-point test). A file
+        with data past a short one is an error."""
+        for index, start in enumerate(starts[:-1]):
+            path = os.path.join(self.directory, file_name(start))
+            if os.path.getsize(path) >= self.file_size:
+                continue
+            beyond = starts[index + 1:]
+            for later in beyond:
+                later_path = os.path.join(self.directory, file_name(later))
+                if _holds_data(later_path, os.path.getsize(later_path)):
+                    raise StoreError(f"{path}: {os.path.getsize(path)} bytes of {self.file_size}, and "
+                                     f"{file_name(later)} past it holds data; restore the file")
+            for later in beyond:
+                later_path = os.path.join(self.directory, file_name(later))
+                log.warning("%s: past the short file %s and never written (a preallocation); deleted",
+                            later_path, file_name(start))
+                os.unlink(later_path)
+                self.repairs.append(f"deleted unwritten file {later_path} past a short file")
+            return starts[:index + 1]
+        return starts
 
     def _repair_last(self, path: str) -> bool:
         """What a crash while the last file was created leaves: False (the file is deleted)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 
-from store import Message, MessageStore
+import pytest
+
+from store import Message, MessageStore, StoreError
 from store_helpers import CQ_ENTRY, check_indexes_agree_with_log, make_config, pull_all, segment_files
 
 SEGMENT = 4096
@@ -48,6 +50,43 @@ def test_zero_byte_last_segment_is_deleted_and_the_store_starts(tmp_path):
         assert any("deleted empty last file" in r for r in store.commit_log.segments.repairs)
     finally:
         store.shutdown()
+
+
+def test_a_cut_off_segment_followed_by_an_unwritten_preallocation_is_deleted_with_it(tmp_path):
+    # a replica cut left a preallocated segment two past the new end; the next segment's
+    # creation was then cut off by a crash (0 bytes), which made the two contiguous
+    path = str(tmp_path / "s")
+    _fill(path)
+    for name in segment_files(path):
+        if os.path.getsize(name) and open(name, "rb").read(4) == b"\0\0\0\0":
+            os.unlink(name)
+    cut_off = _next_segment_name(path)
+    open(cut_off, "wb").close()
+    stale = _next_segment_name(path)
+    with open(stale, "wb") as handle:
+        handle.write(bytes(SEGMENT))
+    store = _reopen(path)
+    try:
+        assert [m.body[:4] for m in pull_all(store, "T", 0)] == [b"m%03d" % i for i in range(20)]
+        assert store.put(Message(topic="T", body=b"after")).queue_offset == 20
+        repairs = store.commit_log.segments.repairs
+        assert repairs == [f"deleted unwritten file {stale} past a short file",
+                           f"deleted empty last file {cut_off} (0 bytes)"]
+    finally:
+        store.shutdown()
+
+
+def test_a_segment_with_data_past_a_cut_off_one_is_refused(tmp_path):
+    path = str(tmp_path / "s")
+    _fill(path)
+    for name in segment_files(path):
+        if os.path.getsize(name) and open(name, "rb").read(4) == b"\0\0\0\0":
+            os.unlink(name)
+    open(_next_segment_name(path), "wb").close()
+    with open(_next_segment_name(path), "wb") as handle:
+        handle.write(b"\1" + bytes(SEGMENT - 1))
+    with pytest.raises(StoreError, match="holds data; restore the file"):
+        _reopen(path)
 
 
 def test_short_never_written_last_segment_is_deleted(tmp_path):
