@@ -210,16 +210,8 @@ class MappedFileQueue:
         else:
             return starts
         kept, beyond = starts[:index], starts[index:]
-        for start in beyond:
-            path = os.path.join(self.directory, file_name(start))
-            if _holds_data(path, os.path.getsize(path)):
-                raise StoreError(f"{self.directory}: gap between {file_name(kept[-1])} and {file_name(beyond[0])}, "
-                                 f"and {file_name(start)} past it holds data; restore the missing file")
-        for start in beyond:
-            path = os.path.join(self.directory, file_name(start))
-            log.warning("%s: past a gap in %s and never written (a preallocation); deleted", path, self.directory)
-            os.unlink(path)
-            self.repairs.append(f"deleted unwritten file {path} past a gap")
+        self._delete_unwritten(beyond, "a gap", f"{self.directory}: gap between {file_name(kept[-1])} and "
+                                                f"{file_name(beyond[0])}", "restore the missing file")
         return kept
 
     def _drop_unwritten_past_a_short_file(self, starts: list[int]) -> list[int]:
@@ -230,22 +222,25 @@ class MappedFileQueue:
         with data past a short one is an error."""
         for index, start in enumerate(starts[:-1]):
             path = os.path.join(self.directory, file_name(start))
-            if os.path.getsize(path) >= self.file_size:
-                continue
-            beyond = starts[index + 1:]
-            for later in beyond:
-                later_path = os.path.join(self.directory, file_name(later))
-                if _holds_data(later_path, os.path.getsize(later_path)):
-                    raise StoreError(f"{path}: {os.path.getsize(path)} bytes of {self.file_size}, and "
-                                     f"{file_name(later)} past it holds data; restore the file")
-            for later in beyond:
-                later_path = os.path.join(self.directory, file_name(later))
-                log.warning("%s: past the short file %s and never written (a preallocation); deleted",
-                            later_path, file_name(start))
-                os.unlink(later_path)
-                self.repairs.append(f"deleted unwritten file {later_path} past a short file")
-            return starts[:index + 1]
+            size = os.path.getsize(path)
+            if size < self.file_size:
+                self._delete_unwritten(starts[index + 1:], "a short file",
+                                       f"{path}: {size} bytes of {self.file_size}", "restore the file")
+                return starts[:index + 1]
         return starts
+
+    def _delete_unwritten(self, starts: list[int], past: str, problem: str, remedy: str) -> None:
+        """Delete the files of ``starts``, which must hold no data (StoreError naming
+        ``problem`` and ``remedy`` otherwise), each recorded as a repair past ``past``."""
+        for start in starts:
+            path = os.path.join(self.directory, file_name(start))
+            if _holds_data(path, os.path.getsize(path)):
+                raise StoreError(f"{problem}, and {file_name(start)} past it holds data; {remedy}")
+        for start in starts:
+            path = os.path.join(self.directory, file_name(start))
+            log.warning("%s: past %s in %s and never written (a preallocation); deleted", path, past, self.directory)
+            os.unlink(path)
+            self.repairs.append(f"deleted unwritten file {path} past {past}")
 
     def _repair_last(self, path: str) -> bool:
         """What a crash while the last file was created leaves: False (the file is deleted)

@@ -35,43 +35,32 @@ def _next_segment_name(path) -> str:
     return os.path.join(os.path.dirname(last), f"{int(os.path.basename(last)) + SEGMENT:020d}")
 
 
-def test_zero_byte_last_segment_is_deleted_and_the_store_starts(tmp_path):
-    path = str(tmp_path / "s")
-    _fill(path)
+def _drop_the_preallocated_next_segment(path) -> None:
     for name in segment_files(path):
         if os.path.getsize(name) and open(name, "rb").read(4) == b"\0\0\0\0":
             os.unlink(name)            # the preallocated next segment: keep only written ones
-    leftover = _next_segment_name(path)
-    open(leftover, "wb").close()
-    store = _reopen(path)
-    try:
-        assert [m.body[:4] for m in pull_all(store, "T", 0)] == [b"m%03d" % i for i in range(20)]
-        assert store.put(Message(topic="T", body=b"after")).queue_offset == 20
-        assert any("deleted empty last file" in r for r in store.commit_log.segments.repairs)
-    finally:
-        store.shutdown()
 
 
-def test_a_cut_off_segment_followed_by_an_unwritten_preallocation_is_deleted_with_it(tmp_path):
-    # a replica cut left a preallocated segment two past the new end; the next segment's
-    # creation was then cut off by a crash (0 bytes), which made the two contiguous
+@pytest.mark.parametrize("stale_after", [False, True], ids=["last", "followed by an unwritten preallocation"])
+def test_zero_byte_last_segment_is_deleted_and_the_store_starts(tmp_path, stale_after):
+    # stale_after: a replica cut left a preallocated segment two past the new end, and the
+    # next segment's creation, cut off by a crash (0 bytes), made the two contiguous
     path = str(tmp_path / "s")
     _fill(path)
-    for name in segment_files(path):
-        if os.path.getsize(name) and open(name, "rb").read(4) == b"\0\0\0\0":
-            os.unlink(name)
-    cut_off = _next_segment_name(path)
-    open(cut_off, "wb").close()
-    stale = _next_segment_name(path)
-    with open(stale, "wb") as handle:
-        handle.write(bytes(SEGMENT))
+    _drop_the_preallocated_next_segment(path)
+    leftover = _next_segment_name(path)
+    open(leftover, "wb").close()
+    expected_repairs = [f"deleted empty last file {leftover} (0 bytes)"]
+    if stale_after:
+        stale = _next_segment_name(path)
+        with open(stale, "wb") as handle:
+            handle.write(bytes(SEGMENT))
+        expected_repairs.insert(0, f"deleted unwritten file {stale} past a short file")
     store = _reopen(path)
     try:
         assert [m.body[:4] for m in pull_all(store, "T", 0)] == [b"m%03d" % i for i in range(20)]
         assert store.put(Message(topic="T", body=b"after")).queue_offset == 20
-        repairs = store.commit_log.segments.repairs
-        assert repairs == [f"deleted unwritten file {stale} past a short file",
-                           f"deleted empty last file {cut_off} (0 bytes)"]
+        assert store.commit_log.segments.repairs == expected_repairs
     finally:
         store.shutdown()
 
@@ -79,9 +68,7 @@ def test_a_cut_off_segment_followed_by_an_unwritten_preallocation_is_deleted_wit
 def test_a_segment_with_data_past_a_cut_off_one_is_refused(tmp_path):
     path = str(tmp_path / "s")
     _fill(path)
-    for name in segment_files(path):
-        if os.path.getsize(name) and open(name, "rb").read(4) == b"\0\0\0\0":
-            os.unlink(name)
+    _drop_the_preallocated_next_segment(path)
     open(_next_segment_name(path), "wb").close()
     with open(_next_segment_name(path), "wb") as handle:
         handle.write(b"\1" + bytes(SEGMENT - 1))
