@@ -413,16 +413,19 @@ class LocalCluster:
     def pause(self, name: str) -> int:
         """SIGSTOP: the process holds its sockets but answers nothing (a hung node). Returns
         once every thread of it has stopped (ClusterError if that takes over KILL_WAIT_S)."""
-        pid = self.kill(name, signal.SIGSTOP)
-        if not wait_stopped(pid, True, KILL_WAIT_S):
-            raise ClusterError(f"{name} (pid {pid}) did not stop within {KILL_WAIT_S:g} s of SIGSTOP")
-        return pid
+        return self._signal_and_wait(name, stopped=True)
 
     def resume(self, name: str) -> int:
         """SIGCONT after ``pause``; returns once no thread of it is stopped any more."""
-        pid = self.kill(name, signal.SIGCONT)
-        if not wait_stopped(pid, False, KILL_WAIT_S):
-            raise ClusterError(f"{name} (pid {pid}) did not go on within {KILL_WAIT_S:g} s of SIGCONT")
+        return self._signal_and_wait(name, stopped=False)
+
+    def _signal_and_wait(self, name: str, *, stopped: bool) -> int:
+        """SIGSTOP (``stopped``) or SIGCONT, then wait until every thread of the process is
+        stopped, or none is; its pid, or ClusterError after KILL_WAIT_S."""
+        sig, failed = (signal.SIGSTOP, "did not stop") if stopped else (signal.SIGCONT, "did not go on")
+        pid = self.kill(name, sig)
+        if not wait_stopped(pid, stopped, KILL_WAIT_S):
+            raise ClusterError(f"{name} (pid {pid}) {failed} within {KILL_WAIT_S:g} s of {sig.name}")
         return pid
 
     def start(self, name: str) -> ProcessSpec:
