@@ -89,9 +89,9 @@ class Producer:
 
     ``busy_poll_us`` (0 by default, at most 1,000): a caller that sends one request at a
     time polls its socket for its reply this long before it sleeps, giving its CPU way after
-    each empty poll (node/wire/loop_view.py ``busy_poll``). A lower median round trip for up to that
-    much CPU a send, and, on a machine with few CPUs, a longer tail: see README, "Busy
-    polling". A pipelining caller never polls.
+    each empty poll (node/wire/loop_view.py ``busy_poll``). A lower median round trip for up
+    to that much CPU a send, and, on a machine with few CPUs, a longer tail: see README,
+    "Busy polling". A pipelining caller never polls.
     """
 
     def __init__(self, bootstrap: str, nursery: trio.Nursery, *, secret: str | None = None,
