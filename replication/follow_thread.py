@@ -88,10 +88,13 @@ DISPATCH_PASS_BYTES = 1024 * 1024
 # bursts of frames, not in front of the next one.
 DISPATCH_QUIET_S = 0.001
 # Overdue (frames kept coming for another dispatch_delay_ms) and behind by no more than a
-# pass, the thread indexes in pieces of this much and looks at the socket between them: a
-# frame that arrives meanwhile waits for one piece (~70 µs warm), not for the pass (~250 µs
-# warm for 300 records of 1 KiB, a millisecond and more cold). Pieces cost more a record
-# (2.5 against 0.85 µs: the parser's and the index's numpy calls pay off on larger passes).
+# pass, the thread indexes one piece of this much each time it would wait for the socket,
+# then waits: a frame that arrives meanwhile waits for one piece (~70 µs warm), not for the
+# pass (~250 µs warm for 300 records of 1 KiB, a millisecond and more cold). One piece, not
+# pieces until a frame comes: the next frame may wait for another process that shares this
+# CPU (the other slave, whose ack the master needs first), and pieces back to back held it
+# off for up to 2 ms (docs/sync-performance.md, stop 33). Pieces cost more a record (2.5
+# against 0.85 µs: the parser's and the index's numpy calls pay off on larger passes).
 DISPATCH_PIECE_BYTES = 32 * 1024
 # A frame is appended with the pages ahead read in on the store's own thread (read_ahead)
 # only while the master's log runs further ahead than this: catching up, megabytes at a
@@ -279,9 +282,9 @@ class FollowThread:
                 self._tell_loop()
 
     def _dispatch(self, quiet: bool) -> None:
-        """Dispatch passes on this thread while they are due and no byte waits in the
-        socket: whole passes (``DISPATCH_PASS_BYTES``) once the socket is ``quiet``, or when
-        behind by more than a pass; pieces (``DISPATCH_PIECE_BYTES``) otherwise."""
+        """Dispatch passes on this thread: whole passes (``DISPATCH_PASS_BYTES``) while
+        they are due and no byte waits in the socket, once the socket is ``quiet`` or when
+        behind by more than a pass; otherwise one piece (``DISPATCH_PIECE_BYTES``)."""
         while True:
             whole = quiet or self._unindexed_bytes > DISPATCH_PASS_BYTES
             left = self.store.dispatch_now(DISPATCH_PASS_BYTES if whole else DISPATCH_PIECE_BYTES)
@@ -293,7 +296,7 @@ class FollowThread:
                 self._unindexed_bytes = left
                 if left <= 0:
                     self._dispatch_due = None
-            if self._dispatch_due is None or self._dispatch_due > now or self._readable(0):
+            if self._dispatch_due is None or self._dispatch_due > now or not whole or self._readable(0):
                 break
         if self.confirm_moved and self._dispatch_due is None:
             self._tell_loop()

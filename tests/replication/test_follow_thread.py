@@ -356,10 +356,10 @@ def test_the_loops_stream_is_left_non_blocking_as_it_was(open_store):
 
 class FrameDuringFirstPiece:
     """The slave's replica log; during its first dispatch pass the master (``master``, set
-    once the session exists) sends ``frame_bytes``. Records (bytes_max, the log's end) of
-    each pass asked for."""
+    once the session exists) sends ``frame_bytes`` (if any). Records (bytes_max, the log's
+    end) of each pass asked for."""
 
-    def __init__(self, replica_log, frame_bytes: bytes) -> None:
+    def __init__(self, replica_log, frame_bytes: bytes | None) -> None:
         self._inner = replica_log
         self._frame = frame_bytes
         self.master: socket.socket | None = None
@@ -371,7 +371,7 @@ class FrameDuringFirstPiece:
     def dispatch_now(self, bytes_max: int) -> int | None:
         self.calls.append((bytes_max, self._inner.max_offset))
         left = self._inner.dispatch_now(bytes_max)
-        if len(self.calls) == 1:
+        if len(self.calls) == 1 and self._frame is not None:
             self.master.sendall(self._frame)
         return left
 
@@ -419,3 +419,31 @@ def test_an_overdue_pass_goes_in_pieces_that_give_way_to_a_frame(open_store, ses
     assert calls[0] == (10_000, end_b) and calls[1] == (10_000, end_c)
     assert all(bytes_max == 10_000 for bytes_max, _ in calls) and len(calls) >= end_c // 10_000
     assert slave.dispatcher.dispatched_offset == end_c
+
+
+def test_an_overdue_pass_runs_one_piece_each_time_the_thread_would_wait(open_store, session_of, monkeypatch):
+    # the next frame may need another process on this CPU first (the other slave's ack):
+    # the thread waits for the socket after a piece instead of running the next one
+    monkeypatch.setattr(follow_thread, "DISPATCH_PIECE_BYTES", 10_000)
+    monkeypatch.setattr(follow_thread, "DISPATCH_QUIET_S", WAIT_S)   # a quiet socket: no pass in this test
+    master = open_store("master")
+    slave = open_store("slave", dispatcher_thread=False)
+    put(master, 300, body_bytes=500)
+    (offset_a, data_a), (offset_b, data_b), (offset_c, data_c) = chunks(master, 3, 40_000)
+    clock = ManualClock()
+    replica_log = FrameDuringFirstPiece(slave.replica_log, None)
+    session = session_of(slave, dispatch_delay_ms=10_000, clock=clock, replica_store=replica_log)
+    session.master.sendall(frame(offset_a, data_a))
+    session.acks_until(offset_b)
+    clock.now = 100.0                       # frames kept coming past the delay: overdue
+    session.master.sendall(frame(offset_b, data_b))
+    session.acks_until(offset_b + len(data_b))
+    wait_until(lambda: replica_log.calls, "the first piece")
+    time.sleep(0.2)
+    assert replica_log.calls == [(10_000, offset_b + len(data_b))]   # then the socket, not the next piece
+    session.master.sendall(frame(offset_c, data_c))
+    session.acks_until(offset_c + len(data_c))
+    wait_until(lambda: len(replica_log.calls) == 2, "the piece after the next frame")
+    time.sleep(0.2)
+    assert replica_log.calls[1] == (10_000, offset_c + len(data_c)) and len(replica_log.calls) == 2
+    assert session.follower.undispatched
