@@ -30,7 +30,9 @@ and no other task waits for it:
   pass waits until they came (run first, it held the first ack back). A poll that has
   waited ``AWAIT_YIELD_AFTER_S`` for acks yields its vCPU each turn to anything queued on
   it: a slave woken there (the kernel seldom preempts the poll for it, or moves it to the
-  idle vCPU) runs at once instead of after the poll.
+  idle vCPU) runs at once instead of after the poll. So does, once the acks answered every
+  waiting put, a poll for the client's next request: the reply woke the client, perhaps
+  onto this vCPU, and its next request cannot come before it runs.
 - **Timers.** The loop's next deadline ends the poll.
 - **Time.** A reader that keeps getting requests by polling still passes through trio's
   scheduler at least every ``YIELD_INTERVAL_S`` (a checkpoint, after which it polls again).
@@ -214,6 +216,7 @@ class PollingReader:
         epoll_fd = loop.epoll_fd
         yield_at = started + AWAIT_YIELD_AFTER_S
         sched_yield = os.sched_yield
+        answered = False   # every put that waited was answered during this poll
         try:
             while True:
                 ready = poll(0)   # [(fd, events)] in the order registered: the socket's first
@@ -237,12 +240,16 @@ class PollingReader:
                         now = clock()
                         end = min(now + busy.window_s, self._since + YIELD_INTERVAL_S,
                                   now + loop.seconds_to_next_deadline())
+                        if awaiting is not None and not awaiting():
+                            answered = True
                 now = clock()
                 if now >= end:
                     self._since = None
                     return None
-                if now >= yield_at and awaiting is not None and awaiting():
-                    sched_yield()   # a slave queued on this vCPU runs now, not after the poll
+                if answered or (now >= yield_at and awaiting is not None and awaiting()):
+                    # a slave queued on this vCPU runs now, not after the poll; so does a
+                    # client a reply woke onto it, whose next request this poll waits for
+                    sched_yield()
         finally:
             busy._seconds += clock() - started
 

@@ -371,14 +371,18 @@ class _Acks:
     reader does, so the loop's epoll descriptor turns ready when an ack comes), and the
     ``ready_work`` that takes what waits there: each take records what it read, ends the
     wait for acks (``awaited``) and sends the client's next request on ``client``, as a
-    client does once its reply left."""
+    client does once its reply left (``next_after_s`` later), with the count in ``yields``
+    (a test's counted yields) then kept in ``yields_at_take``."""
 
-    def __init__(self, client: socket.socket) -> None:
+    def __init__(self, client: socket.socket, *, next_after_s: float = 0.0, yields: list[int] | None = None) -> None:
         self.ours, self.peer = socket.socketpair()
         self.ours.setblocking(False)
         self.client = client
         self.events: list = []
         self.awaited = True
+        self._next_after_s = next_after_s
+        self._yields = yields
+        self.yields_at_take: int | None = None
 
     def take(self) -> bool:
         try:
@@ -386,13 +390,18 @@ class _Acks:
         except BlockingIOError:
             return False
         self.awaited = False
-        self.client.sendall(b"next")
+        if self._yields is not None:
+            self.yields_at_take = self._yields[0]
+        if self._next_after_s:
+            threading.Timer(self._next_after_s, self.client.sendall, (b"next",)).start()
+        else:
+            self.client.sendall(b"next")
         return True
 
 
 @asynccontextmanager
-async def _acks_waited_on(client: socket.socket):
-    acks = _Acks(client)
+async def _acks_waited_on(client: socket.socket, **options):
+    acks = _Acks(client, **options)
     with acks.ours, acks.peer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.lowlevel.wait_readable, acks.ours)
@@ -489,14 +498,30 @@ async def test_a_poll_yields_neither_early_nor_while_no_put_waits(pair, monkeypa
     monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
     yields = _counted_yields(monkeypatch)
     ours, theirs = pair
-    async with _acks_waited_on(theirs) as acks:
+    async with _acks_waited_on(theirs, yields=yields) as acks:
         monkeypatch.setattr(busy_poll, "AWAIT_YIELD_AFTER_S", 10)   # acks awaited, not for long
         busy = BusyPoll(LONG_US, ready_work=acks.take, awaiting=lambda: acks.awaited)
         threading.Timer(0.05, acks.peer.sendall, (b"ack",)).start()
         assert busy.reader(ours).read(1024) == b"next"
-        assert yields[0] == 0
+        assert acks.yields_at_take == 0
     monkeypatch.setattr(busy_poll, "AWAIT_YIELD_AFTER_S", 0)
+    yields[0] = 0
     busy = BusyPoll(LONG_US, awaiting=lambda: False)                  # no put waits: a plain poll
     threading.Timer(0.05, theirs.sendall, (b"request",)).start()
     assert busy.reader(ours).read(1024) == b"request"
     assert yields[0] == 0
+
+
+@pytest.mark.trio
+async def test_a_poll_that_answered_its_puts_yields_each_turn_until_the_next_request(pair, monkeypatch):
+    # the reply woke the client, perhaps onto this vCPU: its next request cannot come
+    # before it runs
+    monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
+    monkeypatch.setattr(busy_poll, "AWAIT_YIELD_AFTER_S", 10)   # no yield while the acks are awaited
+    yields = _counted_yields(monkeypatch)
+    ours, theirs = pair
+    async with _acks_waited_on(theirs, next_after_s=0.05, yields=yields) as acks:
+        busy = BusyPoll(LONG_US, ready_work=acks.take, awaiting=lambda: acks.awaited)
+        threading.Timer(0.05, acks.peer.sendall, (b"ack",)).start()
+        assert busy.reader(ours).read(1024) == b"next"
+        assert acks.events == [b"ack"] and acks.yields_at_take == 0 and yields[0] > 0
