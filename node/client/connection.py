@@ -16,7 +16,7 @@ from ..errors import AuthError, ConnectionLostError, FrameError, NodeError, Requ
 from ..wire import protocol
 from ..wire.address import address_problem, split_address
 from ..wire.auth import auth_digest
-from ..wire.loop_view import LoopView, busy_poll
+from ..wire.loop_view import LoopView, ReplyPoll, busy_poll
 from ..wire.protocol import FrameDecoder, RequestCode, ResponseCode
 from ..wire.socket_io import read_now, receive_some, write_now
 from .values import error_from_reply
@@ -51,6 +51,7 @@ class ConnectionStatistics:
     handovers: int
     waits_in_place: int = 0   # leaders' waits for the socket in poll(2), not through trio's loop
     busy_polled: int = 0      # those of them whose reply came while the leader busy-polled
+    busy_poll_rests: int = 0  # times the leaders stopped polling for a while, their polls missing (ReplyPoll)
 
 
 # --- connection --------------------------------------------------------------------------
@@ -111,7 +112,8 @@ class Connection:
         # loop's descriptor (any other I/O, a timer's or a thread's wake-up ends the wait)
         self._loop: LoopView | None = None
         self._leader_poll = None
-        self._busy_poll_s = checked_busy_poll_us(busy_poll_us) / 1e6
+        busy_poll_us = checked_busy_poll_us(busy_poll_us)
+        self._reply_poll = ReplyPoll(busy_poll_us) if busy_poll_us else None
         if self._socket is not None:
             self._idle_poll.register(self._socket.fileno(), select.POLLIN)
             loop = LoopView.of_current_run()
@@ -138,7 +140,8 @@ class Connection:
 
     def statistics(self) -> ConnectionStatistics:
         return ConnectionStatistics(self._next_opaque - 1, self._caller_reads, self._background_reads,
-                                    self._handovers, self._waits_in_place, self._busy_polled)
+                                    self._handovers, self._waits_in_place, self._busy_polled,
+                                    self._reply_poll.rests if self._reply_poll is not None else 0)
 
     @property
     def closed(self) -> bool:
@@ -334,7 +337,8 @@ class Connection:
         flight ran at 78-88k msgs/s instead of 123-151k).
 
         The wait's first ``busy_poll_us`` are polled without sleeping (``busy_poll``): a
-        reply that comes then finds the caller running, not asleep on a vCPU that halted."""
+        reply that comes then finds the caller running, not asleep on a vCPU that halted;
+        polls that keep missing their reply stop for a while (``ReplyPoll``)."""
         loop = self._loop
         if loop is None or self._alone_submits < LEADER_ALONE_SUBMITS or len(self._pending) > 1 \
                 or loop.runnable() or loop.ready(0):
@@ -344,15 +348,22 @@ class Connection:
             return False
         wait_s = min(timeout_s, LEADER_WAIT_S_MAX)
         polled = []
-        if self._busy_poll_s:
-            polled_s = min(wait_s, self._busy_poll_s)
+        window_s = self._reply_poll.window() if self._reply_poll is not None else 0.0
+        if window_s:
+            polled_s = min(wait_s, window_s)
             polled = busy_poll(self._leader_poll, polled_s)
             wait_s -= polled_s
         ready = polled or (self._leader_poll(wait_s * 1000) if wait_s > 0 else [])
         self._waits_in_place += 1
         answered = bool(ready) and ready[0][0] != loop.epoll_fd   # the socket (registered first, listed first)
-        if answered and polled:
-            self._busy_polled += 1
+        if polled:
+            if answered:
+                self._busy_polled += 1
+                self._reply_poll.polled(True)
+        elif window_s and polled_s == window_s:   # a whole window, and nothing came
+            self._reply_poll.polled(False)
+        if self._reply_poll is not None:
+            self._reply_poll.waited()
         return answered
 
     def _read_while_idle(self) -> None:

@@ -10,6 +10,7 @@ use it to wait for a socket without a pass of trio's loop when nothing else need
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import time
@@ -78,3 +79,51 @@ def busy_poll(poll: Callable[[float], list], window_s: float, clock: Callable[[]
         ready = poll(0)
         if ready or clock() >= end:
             return ready
+
+
+class ReplyPoll:
+    """How long a caller waiting for its one reply busy-polls for it (``busy_poll``), and
+    when it does not. A request that follows the last wait by more than ``gap_s`` is not
+    polled for: a node whose own poll for requests ended sleeps, and its reply comes late
+    (and every process on the way runs cold). A poll that keeps ending before the reply
+    comes (a node farther away than the window, a sync flush to a slow disk) only burns
+    CPU: after ``misses_max`` such polls in a row the waits sleep at once, ``rest_waits`` of
+    them; then one polls again, and a reply caught there brings polling back."""
+
+    __slots__ = ("window_s", "gap_s", "misses_max", "rest_waits", "rests", "_misses", "_resting", "_last",
+                 "_clock")
+
+    def __init__(self, window_us: int, gap_s: float = 0.001, misses_max: int = 8, rest_waits: int = 128,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.window_s = window_us / 1e6
+        self.gap_s = gap_s
+        self.misses_max = misses_max
+        self.rest_waits = rest_waits
+        self.rests = 0          # times polling stopped for a while
+        self._misses = 0        # polls in a row whose window passed without the reply
+        self._resting = 0       # waits left to sleep through without polling
+        self._clock = clock
+        self._last = -math.inf  # when the last wait ended
+
+    def window(self) -> float:
+        """Seconds this wait polls (0: it sleeps at once)."""
+        if self._resting:
+            self._resting -= 1
+            return 0.0
+        if self._clock() - self._last > self.gap_s:
+            return 0.0
+        return self.window_s
+
+    def waited(self) -> None:
+        """A wait ended (whatever it found): the next request within ``gap_s`` is polled for."""
+        self._last = self._clock()
+
+    def polled(self, answered: bool) -> None:
+        """What a whole window's poll found: the reply, or nothing."""
+        if answered:
+            self._misses = 0
+            return
+        self._misses += 1
+        if self._misses >= self.misses_max:
+            self._resting = self.rest_waits
+            self.rests += 1

@@ -5,6 +5,7 @@ deadlines and connection loss, over in-memory streams and over real sockets."""
 
 import socket
 import threading
+import time
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 
@@ -13,7 +14,7 @@ import trio
 import trio.testing
 
 from node.client import connect_stream, open_producer
-from node.wire.loop_view import busy_poll
+from node.wire.loop_view import ReplyPoll, busy_poll
 from node.errors import ConnectionLostError, RequestError, RequestTimeoutError
 from node.wire.protocol import FrameDecoder, RequestCode, encode_frame
 
@@ -446,8 +447,9 @@ async def test_a_request_queued_behind_a_write_when_authentication_fails_is_a_re
         nursery.cancel_scope.cancel()
 
 
-def _thread_node(sock: socket.socket, count: int) -> None:
-    """A node on a thread of its own: answers ``count`` requests, echoing each one's tag."""
+def _thread_node(sock: socket.socket, count: int, delay_s: float = 0.0) -> None:
+    """A node on a thread of its own: answers ``count`` requests, echoing each one's tag,
+    each ``delay_s`` after it came."""
     decoder = FrameDecoder()
     answered = 0
     while answered < count:
@@ -461,6 +463,8 @@ def _thread_node(sock: socket.socket, count: int) -> None:
                 reply["result_columns"] = {"status": ["PUT_OK"] * n, "queue_id": [0] * n,
                                            "queue_offset": [answered] * n, "physical_offset": [0] * n,
                                            "message_id": ["M"] * n, "reason": [""] * n}
+            if delay_s:
+                time.sleep(delay_s)
             sock.sendall(encode_frame(reply))
             answered += 1
 
@@ -481,14 +485,14 @@ async def _connected_to_a_thread_node(requests: int):
 
 
 @contextmanager
-def _thread_node_listening(requests: int):
+def _thread_node_listening(requests: int, delay_s: float = 0.0):
     """The address of a ``_thread_node`` answering ``requests`` on its first connection."""
     listener = socket.create_server(("127.0.0.1", 0))
 
     def accept_then_serve():
         sock, _ = listener.accept()
         with sock:
-            _thread_node(sock, requests)
+            _thread_node(sock, requests, delay_s)
     node = threading.Thread(target=accept_then_serve, daemon=True)
     node.start()
     try:
@@ -521,6 +525,46 @@ async def test_a_producer_sending_one_at_a_time_busy_polls_for_its_replies_unles
     assert [r.queue_offset for r in results] == list(range(sends))
     assert statistics.waits_in_place >= sends - 2    # the first sends are not yet "alone in a row"
     assert (statistics.busy_polled > 0) == (busy_poll_us > 0)
+
+
+@pytest.mark.trio
+async def test_a_producer_busy_polls_by_default():
+    sends = 30
+    with _thread_node_listening(sends) as address:
+        async with open_producer(address, batch_count_max=1, linger_ms=0) as producer:
+            assert producer.busy_poll_us == 200
+            for i in range(sends):
+                await producer.send("t", b"m%d" % i)
+            statistics = producer._connection.statistics()
+    assert statistics.busy_polled > 0
+
+
+@pytest.mark.trio
+async def test_a_producer_sending_now_and_then_does_not_poll():
+    # 5 ms between sends: past ReplyPoll's gap (1 ms) each wait sleeps at once
+    sends = 12
+    with _thread_node_listening(sends) as address:
+        async with open_producer(address, batch_count_max=1, linger_ms=0) as producer:
+            for i in range(sends):
+                await producer.send("t", b"m%d" % i)
+                await trio.sleep(0.005)
+            statistics = producer._connection.statistics()
+    assert statistics.waits_in_place >= sends - 2
+    assert statistics.busy_polled == 0
+
+
+@pytest.mark.trio
+async def test_a_producer_whose_replies_come_after_its_poll_window_stops_polling_for_a_while():
+    # each reply 0.5 ms after its request, the window 100 µs: every poll misses, so after
+    # ReplyPoll's misses_max (8) in a row the next 128 waits sleep at once
+    sends = 40
+    with _thread_node_listening(sends, delay_s=0.0005) as address:
+        async with open_producer(address, batch_count_max=1, linger_ms=0, busy_poll_us=100) as producer:
+            results = [await producer.send("t", b"m%d" % i) for i in range(sends)]
+            statistics = producer._connection.statistics()
+    assert [r.queue_offset for r in results] == list(range(sends))
+    assert statistics.busy_polled == 0
+    assert statistics.busy_poll_rests == 1
 
 
 @pytest.mark.trio
@@ -611,3 +655,45 @@ async def test_requests_that_overlap_are_not_waited_for_in_place():
                 for caller in range(2):
                     callers.start_soon(partial(connection.request, RequestCode.STATUS, tag=f"{round_}-{caller}"))
         assert connection.statistics().waits_in_place == 0
+
+
+def test_reply_poll_stops_after_its_misses_in_a_row_and_comes_back_with_a_reply_caught():
+    now = [0.0]
+    poll = ReplyPoll(200, misses_max=3, rest_waits=4, clock=lambda: now[0])
+    poll.waited()                                         # a wait just ended: the next one polls
+
+    def window() -> float:
+        found = poll.window()
+        poll.waited()
+        return found
+    for answered in (False, False, True, False, False):   # a reply caught starts the count again
+        assert window() == pytest.approx(200e-6)
+        poll.polled(answered)
+    assert window() > 0
+    poll.polled(False)                                    # the third miss in a row
+    assert poll.rests == 1
+    assert [window() for _ in range(4)] == [0.0] * 4      # rest_waits sleep at once
+    assert window() > 0                                   # then one polls again ...
+    poll.polled(False)                                    # ... and misses: another rest at once
+    assert poll.rests == 2
+    assert [window() for _ in range(4)] == [0.0] * 4
+    assert window() > 0
+    poll.polled(True)                                     # caught: polling is back
+    poll.polled(False)
+    poll.polled(False)
+    assert poll.rests == 2 and window() > 0
+
+
+def test_reply_poll_does_not_poll_for_a_request_long_after_the_last_wait():
+    now = [100.0]
+    poll = ReplyPoll(200, gap_s=0.001, clock=lambda: now[0])
+    assert poll.window() == 0.0          # no wait yet: the first request is not polled for
+    poll.waited()
+    now[0] += 0.0009
+    assert poll.window() == pytest.approx(200e-6)
+    poll.waited()
+    now[0] += 0.02                        # 20 ms idle: the node's own poll ended long ago
+    assert poll.window() == 0.0
+    poll.waited()
+    now[0] += 0.0002
+    assert poll.window() == pytest.approx(200e-6)
