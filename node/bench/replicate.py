@@ -221,7 +221,7 @@ def _batch_sizes(ctx, param, value: str | None) -> tuple[int, ...] | None:
                    "batch (node/bench/batch_costs.py). Adds sizes x rounds x 2 x --seconds.")
 @click.option("--client-busy-poll-us", default=None, type=click.IntRange(0, BUSY_POLL_US_MAX),
               help="With --peer: the single sends' Producer polls for each reply this long before it sleeps "
-                   "(its busy_poll_us option, default 200; 0 turns it off; README, Busy polling).")
+                   "(its busy_poll_us option, 0 by default; README, Busy polling).")
 def bench_replicate_command(catchup_gib, seconds, samples, directory, catchup_only, as_json, peer, rounds,
                             batch_sizes, client_busy_poll_us) -> None:
     """Catch-up rate of an empty slave, produce throughput async vs sync, single sync send latency;

@@ -17,7 +17,7 @@ from ..wire.protocol import RequestCode
 from .connection import REQUEST_TIMEOUT_MS, Connection, checked_busy_poll_us, sole_error, connect
 from .values import OutgoingMessage, SendResult, send_fields
 
-BUSY_POLL_US = 200   # the Producer's busy_poll_us (README, Busy polling)
+BUSY_POLL_US = 0   # the Producer's busy_poll_us: off unless asked for (README, Busy polling)
 RETRYABLE_CODES = ("NOT_MASTER", "SYSTEM_BUSY", "SERVICE_NOT_AVAILABLE")
 _RESULT_COLUMNS = ("status", "queue_id", "queue_offset", "physical_offset", "message_id", "reason")
 _new_tuple = tuple.__new__   # SendResult rows from zipped columns, without a call per field
@@ -87,12 +87,12 @@ class Producer:
     is sent from the caller's own task at once, with no linger and no hop through the
     batching tasks; concurrent sends to a busy topic still gather into batches.
 
-    ``busy_poll_us`` (200 by default, at most 1,000; 0 turns it off): a caller that sends
-    one request at a time polls its socket for its reply this long before it sleeps, giving
-    its CPU way after each empty poll (node/wire/loop_view.py ``busy_poll``). A lower median
-    round trip for up to that much CPU a send; polls that keep missing their reply (a node
-    farther away than the window) stop for a while (``ReplyPoll``). See README, "Busy
-    polling". A pipelining caller never polls.
+    ``busy_poll_us`` (0 by default, at most 1,000): a caller that sends one request at a
+    time polls its socket for its reply this long before it sleeps, giving its CPU way after
+    each empty poll (node/wire/loop_view.py ``busy_poll``), except for a request long after
+    its last one, and for a while after polls that kept missing their reply (``ReplyPoll``).
+    A lower median round trip for up to that much CPU a send, and, on a machine with few
+    CPUs, a longer tail: see README, "Busy polling". A pipelining caller never polls.
     """
 
     def __init__(self, bootstrap: str, nursery: trio.Nursery, *, secret: str | None = None,

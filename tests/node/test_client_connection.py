@@ -528,23 +528,11 @@ async def test_a_producer_sending_one_at_a_time_busy_polls_for_its_replies_unles
 
 
 @pytest.mark.trio
-async def test_a_producer_busy_polls_by_default():
-    sends = 30
-    with _thread_node_listening(sends) as address:
-        async with open_producer(address, batch_count_max=1, linger_ms=0) as producer:
-            assert producer.busy_poll_us == 200
-            for i in range(sends):
-                await producer.send("t", b"m%d" % i)
-            statistics = producer._connection.statistics()
-    assert statistics.busy_polled > 0
-
-
-@pytest.mark.trio
-async def test_a_producer_sending_now_and_then_does_not_poll():
+async def test_a_producer_sending_now_and_then_does_not_poll_for_its_replies():
     # 5 ms between sends: past ReplyPoll's gap (1 ms) each wait sleeps at once
     sends = 12
     with _thread_node_listening(sends) as address:
-        async with open_producer(address, batch_count_max=1, linger_ms=0) as producer:
+        async with open_producer(address, batch_count_max=1, linger_ms=0, busy_poll_us=200) as producer:
             for i in range(sends):
                 await producer.send("t", b"m%d" % i)
                 await trio.sleep(0.005)
