@@ -5,9 +5,11 @@ timeouts and thread joins of a few seconds)."""
 from __future__ import annotations
 
 import itertools
+import linecache
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -240,6 +242,17 @@ def wait_until(condition, what: str) -> None:
         time.sleep(0.005)
 
 
+def wait_parked_with_frames_unindexed(session) -> None:
+    """Until the follow thread, its pass armed for the frames it appended, waits in its
+    socket's read: it acks a frame before it reads the clock for the pass's due time and for
+    its next wait, so a test that moved the clock on the ack alone raced it."""
+    def parked() -> bool:
+        top = sys._current_frames().get(session.thread.ident)
+        return session.follower.undispatched and top is not None and top.f_code.co_name == "_receive_into" \
+            and "recv_into" in linecache.getline(top.f_code.co_filename, top.f_lineno)
+    wait_until(parked, "the follow thread waiting for the next frame")
+
+
 def test_the_thread_indexes_its_frames_itself_then_tells_the_loop(open_store, session_of):
     master = open_store("master")
     slave = open_store("slave", dispatcher_thread=False)   # as a node's: no thread of its own
@@ -386,6 +399,7 @@ def test_a_due_pass_waits_for_the_socket_to_be_quiet(open_store, session_of):
     session = session_of(slave, dispatch_delay_ms=10_000, clock=clock)
     session.master.sendall(frame(offset_a, data_a))
     session.acks_until(offset_b)
+    wait_parked_with_frames_unindexed(session)
     clock.now = 10.5                        # due (10 s after the first frame), not overdue
     session.master.sendall(frame(offset_b, data_b))
     end = offset_b + len(data_b)
@@ -410,6 +424,7 @@ def test_an_overdue_pass_goes_in_pieces_that_give_way_to_a_frame(open_store, ses
     replica_log.master = session.master
     session.master.sendall(frame(offset_a, data_a))
     session.acks_until(offset_b)
+    wait_parked_with_frames_unindexed(session)
     clock.now = 100.0                       # frames kept coming past the delay: overdue
     session.master.sendall(frame(offset_b, data_b))
     session.acks_until(end_c)               # C came during the first piece, and was acked
@@ -435,6 +450,7 @@ def test_an_overdue_pass_runs_one_piece_each_time_the_thread_would_wait(open_sto
     session = session_of(slave, dispatch_delay_ms=10_000, clock=clock, replica_store=replica_log)
     session.master.sendall(frame(offset_a, data_a))
     session.acks_until(offset_b)
+    wait_parked_with_frames_unindexed(session)
     clock.now = 100.0                       # frames kept coming past the delay: overdue
     session.master.sendall(frame(offset_b, data_b))
     session.acks_until(offset_b + len(data_b))
