@@ -295,8 +295,9 @@ def test_a_range_flush_leaves_the_pages_ahead_of_the_writer_writable(tmp_path):
     mapped.mm[10:15] = b"hello"
     mapped.flush_range(10, 15)
     # an fdatasync (``flush``) would have written back and write-protected all 64 pages
-    # (ext4, xfs): each write below would fault again
-    assert faults_writing(1, 40) <= 2
+    # (ext4, xfs): each of the 39 writes below would fault again. The bound leaves room
+    # for the interpreter's own faults on this thread (its heap growing: 3 seen once in CI)
+    assert faults_writing(1, 40) <= 8
     mapped.flush_range(mapped.size - 5, 10 * mapped.size)   # cut at the file's end
     with open(mapped.path, "rb") as handle:
         assert handle.read(15) == b"\0" * 10 + b"hello"
