@@ -27,6 +27,7 @@ import click
 import trio
 
 from ..client.connection import BUSY_POLL_US_MAX
+from ..client.producer import BUSY_POLL_US
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -219,16 +220,17 @@ def _batch_sizes(ctx, param, value: str | None) -> tuple[int, ...] | None:
               help="With --peer: then the batched workload again at each of these batch sizes (e.g. 16,64,256; "
                    "hastore batches, Redis pipelines), and each process's CPU split into per message and per "
                    "batch (node/bench/batch_costs.py). Adds sizes x rounds x 2 x --seconds.")
-@click.option("--client-busy-poll-us", default=None, type=click.IntRange(0, BUSY_POLL_US_MAX),
+@click.option("--client-busy-poll-us", default=BUSY_POLL_US, show_default=True,
+              type=click.IntRange(0, BUSY_POLL_US_MAX),
               help="With --peer: the single sends' Producer polls for each reply this long before it sleeps "
-                   "(its busy_poll_us option, 0 by default; README, Busy polling).")
+                   "(its busy_poll_us option, the Producer's default unless given; README, Busy polling).")
 def bench_replicate_command(catchup_gib, seconds, samples, directory, catchup_only, as_json, peer, rounds,
                             batch_sizes, client_busy_poll_us) -> None:
     """Catch-up rate of an empty slave, produce throughput async vs sync, single sync send latency;
     with --peer redis, hastore's sync replication against Redis's."""
     if batch_sizes is not None and peer is None:
         raise click.UsageError("--batch-costs splits the comparison's batched CPU: it needs --peer redis")
-    if client_busy_poll_us is not None and peer is None:
+    if client_busy_poll_us != BUSY_POLL_US and peer is None:
         raise click.UsageError("--client-busy-poll-us applies to the comparison's single sends: it needs --peer redis")
     if peer is not None:
         from .sync_compare import compare_command

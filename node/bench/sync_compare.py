@@ -54,7 +54,6 @@ import click
 import trio
 
 from ..client import OutgoingMessage, open_admin, open_producer
-from ..client.producer import BUSY_POLL_US as PRODUCER_BUSY_POLL_US
 from ..errors import BenchPeerError
 from . import batch_costs, redis_peer
 from .cpu_meter import CpuMeter
@@ -519,13 +518,11 @@ def report_lines(report: dict) -> list[str]:
 # --- the whole comparison ------------------------------------------------------------------
 def run_comparison(directory: str, *, peer: str = "redis", rounds: int = 3, seconds: float = 5.0,
                    samples: int = 1000, messages_max: int = 1_000_000,
-                   batch_sizes: tuple[int, ...] | None = None, client_busy_poll_us: int | None = None) -> dict:
+                   batch_sizes: tuple[int, ...] | None = None, client_busy_poll_us: int = 0) -> dict:
     """Start both sides under ``directory``, run ``rounds`` rounds, stop every process; the
     report. With ``batch_sizes``, then the batched workload at each size (batch_costs.py)."""
     if peer != "redis":
         raise BenchPeerError(f"unknown peer {peer!r}: the comparison knows 'redis'")
-    if client_busy_poll_us is None:
-        client_busy_poll_us = PRODUCER_BUSY_POLL_US   # the Producer's default
     peer_missing = redis_peer.peer_problem()
     hastore = HastoreSide.start(os.path.join(directory, "hastore"))
     floor = None
@@ -582,8 +579,7 @@ def _hiredis() -> bool | None:
 
 
 def compare_command(peer: str, rounds: int, seconds: float, samples: int, directory: str | None,
-                    as_json: bool, batch_sizes: tuple[int, ...] | None = None,
-                    client_busy_poll_us: int | None = None) -> None:
+                    as_json: bool, batch_sizes: tuple[int, ...] | None = None, client_busy_poll_us: int = 0) -> None:
     """What ``hastore bench replicate --peer redis`` does: run, print, exit 1 if a side lost an ack."""
     try:
         if directory:
