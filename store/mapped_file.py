@@ -141,7 +141,12 @@ class MappedFile:
         for step_start in range(start, end, step):
             os.posix_fadvise(self.fd, step_start, min(step, end - step_start), os.POSIX_FADV_WILLNEED)
 
-    def populate_for_write(self, start: int, end: int) -> bool:
+    @property
+    def read_ahead_bytes(self) -> int:
+        """How much the kernel reads around a fault on this file, at most (``populate``'s step)."""
+        return self._populate_step_bytes
+
+    def populate_for_write(self, start: int, end: int, *, page_by_page: bool = False) -> bool:
         """Fault the pages of [start, end) in writable, as the writer's copy into the mapping
         would page by page (about 5 us a 4 KiB page here, a third of a 1 KiB put's budget):
         done ahead of the writer on another thread, which ``madvise`` lets run without the
@@ -149,13 +154,26 @@ class MappedFile:
 
         The pages become dirty: a whole-file ``flush`` would write this window's zeros back
         and leave its pages write-protected again (clean), so a writer flushes what it wrote
-        with ``flush_range``."""
+        with ``flush_range``.
+
+        ``page_by_page``: ``MADV_RANDOM`` over the range first, which stays (_Preallocator
+        asks it for a window smaller than ``read_ahead_bytes``). Otherwise the first fault on
+        a page not yet cached answers with a read-around of up to the read-ahead (8 MiB
+        here), every page of it zeroed in that one fault, which the kernel does not preempt:
+        16-20 ms of CPU where fresh memory costs a host fault a page (this VM). A slave's
+        512 KiB window did that at the same moment on both slaves of a group and held both
+        vCPUs while a one-at-a-time send waited 20 ms (docs/sync-performance.md, stop 35).
+        Page by page a window costs more in all (about 3x in a probe) but brings in only
+        what was asked for, and the kernel can switch tasks between its pages. Larger
+        windows (a master's puts) keep the read-around, cheaper a page."""
         if self._closed or _madvise is None:
             return _madvise is not None
         start -= start % mmap.PAGESIZE
         end = min(end, self.size)
         if start >= end:
             return True
+        if page_by_page:
+            _madvise(self._address + start, end - start, mmap.MADV_RANDOM)
         if _madvise(self._address + start, end - start, MADV_POPULATE_WRITE) != 0:
             code = ctypes.get_errno()
             # EINVAL: an older kernel; anything else (ENOMEM: unmapped under us) only ends this window

@@ -129,13 +129,16 @@ class _Preallocator:
             self._populate_range(mapped, 0, min(mapped.size, POPULATE_SLICE_BYTES), False)
 
     def _populate_range(self, mapped: MappedFile, start: int, end: int, for_write: bool) -> None:
+        # a window for write smaller than a fault's read-around goes page by page
+        # (MappedFile.populate_for_write): a read-around would bring in more than asked, at once
+        page_by_page = end - start < mapped.read_ahead_bytes
         for slice_start in range(start, end, POPULATE_SLICE_BYTES):
             slice_end = min(end, slice_start + POPULATE_SLICE_BYTES)
             with self._condition:
                 if self._stopped or mapped.closed or self._populate is not None:
                     return  # a newer window replaces this one
             try:
-                if not (for_write and mapped.populate_for_write(slice_start, slice_end)):
+                if not (for_write and mapped.populate_for_write(slice_start, slice_end, page_by_page=page_by_page)):
                     mapped.populate(slice_start, slice_end)
             except OSError as error:  # closed under us (EBADF): nothing to bring in any more
                 log.debug("populating %s stopped: %s", mapped.path, error)

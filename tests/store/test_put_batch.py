@@ -311,7 +311,8 @@ def test_a_window_read_ahead_is_faulted_in_writable_again_for_a_writer_through_t
     written_windows = []
     real = MappedFile.populate_for_write
     monkeypatch.setattr(MappedFile, "populate_for_write",
-                        lambda self, start, end: written_windows.append((start, end)) or real(self, start, end))
+                        lambda self, start, end, **options: written_windows.append((start, end))
+                        or real(self, start, end, **options))
     queue = MappedFileQueue(str(tmp_path), 8 * 1024 * 1024, preallocate=True)
     queue.load()
     queue.roll(0)
