@@ -156,8 +156,9 @@ class MappedFile:
         and leave its pages write-protected again (clean), so a writer flushes what it wrote
         with ``flush_range``.
 
-        ``page_by_page``: ``MADV_RANDOM`` over the range first, which stays (_Preallocator
-        asks it for a window smaller than ``read_ahead_bytes``). Otherwise the first fault on
+        ``page_by_page``: ``MADV_RANDOM`` first, which stays, over the range and a read-ahead's
+        length past it, where a writer that outruns the window faults (_Preallocator asks
+        this for a window smaller than ``read_ahead_bytes``). Otherwise the first fault on
         a page not yet cached answers with a read-around of up to the read-ahead (8 MiB
         here), every page of it zeroed in that one fault, which the kernel does not preempt:
         16-20 ms of CPU where fresh memory costs a host fault a page (this VM). A slave's
@@ -173,7 +174,7 @@ class MappedFile:
         if start >= end:
             return True
         if page_by_page:
-            _madvise(self._address + start, end - start, mmap.MADV_RANDOM)
+            _madvise(self._address + start, min(self.size, end + self._populate_step_bytes) - start, mmap.MADV_RANDOM)
         if _madvise(self._address + start, end - start, MADV_POPULATE_WRITE) != 0:
             code = ctypes.get_errno()
             # EINVAL: an older kernel; anything else (ENOMEM: unmapped under us) only ends this window
