@@ -51,7 +51,8 @@ def parse_file_name(name: str) -> int | None:
 class MappedFile:
     """A fixed-size mapped file. Positions are relative to the file; offsets are global."""
 
-    __slots__ = ("path", "start_offset", "size", "fd", "mm", "_closed", "_populate_step_bytes", "_address")
+    __slots__ = ("path", "start_offset", "size", "fd", "mm", "_closed", "_populate_step_bytes", "_address",
+                 "_fault_around")
 
     def __init__(self, path: str, start_offset: int, size: int, *, create: bool, fault_around: bool = True) -> None:
         """``fault_around=False``: a page fault brings in its own page only (``MADV_RANDOM``).
@@ -66,6 +67,7 @@ class MappedFile:
         self.start_offset = start_offset
         self.size = size
         self._closed = False
+        self._fault_around = fault_around
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         self.fd = os.open(path, flags, 0o644)
         try:
@@ -186,13 +188,18 @@ class MappedFile:
         disk already (flushed): this process's mapping stops pointing at them
         (``MADV_DONTNEED``; a later read faults them back in from the disk) and the kernel
         drops them (``POSIX_FADV_DONTNEED``). A page that is dirty again, or that another
-        process maps, stays. Both calls release the GIL."""
+        process maps, stays. A read that faults them back in gets the kernel's read-around
+        again (``MADV_NORMAL``: a small write window leaves ``MADV_RANDOM`` behind it, see
+        ``populate_for_write``), unless the file was mapped without fault-around. The calls
+        release the GIL."""
         start += -start % mmap.PAGESIZE
         end -= end % mmap.PAGESIZE
         if self._closed or start >= end:
             return
         if _madvise is not None:
             _madvise(self._address + start, end - start, mmap.MADV_DONTNEED)
+            if self._fault_around:
+                _madvise(self._address + start, end - start, mmap.MADV_NORMAL)
         try:
             os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
         except OSError:   # closed under us (retention, a cut): nothing of this file to keep

@@ -60,6 +60,21 @@ def test_a_window_page_by_page_brings_in_its_pages_and_no_more(tmp_path):
         assert "rr" not in _vm_flags(_address(mapped) + past)
         mapped.mm[WINDOW - 5:WINDOW] = b"hello"
         assert mapped.mm[WINDOW - 6:WINDOW] == b"\0hello"
+        mapped.flush()
+        mapped.release(0, WINDOW)   # let go once flushed: read back with the read-around
+        assert "rr" not in _vm_flags(_address(mapped)) and "rr" in _vm_flags(_address(mapped) + WINDOW)
+        assert mapped.mm[WINDOW - 6:WINDOW] == b"\0hello"
+    finally:
+        mapped.close()
+
+
+def test_a_file_mapped_without_fault_around_keeps_it_off_when_let_go(tmp_path):
+    mapped = MappedFile(str(tmp_path / "00000000000000000000"), 0, SIZE, create=True, fault_around=False)
+    try:
+        mapped.mm[:5] = b"queue"
+        mapped.flush()
+        mapped.release(0, WINDOW)
+        assert "rr" in _vm_flags(_address(mapped))
     finally:
         mapped.close()
 
