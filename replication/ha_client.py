@@ -50,7 +50,7 @@ from typing import Callable
 
 import trio
 
-from store.errors import StoreError
+from store.errors import DiskFullError, StoreError
 
 from . import protocol
 from .epochs import EpochFile, ResyncKind, slave_epochs_after
@@ -194,7 +194,10 @@ class HAClient:
                 if error is None:
                     raise
                 self._last_error = f"{type(error).__name__}: {error}"
-                level = logging.WARNING if isinstance(error, (HaAuthError, HandshakeRefused)) else logging.INFO
+                # what an operator must act on (a secret, a refusal, a full disk) is a warning at
+                # each failed session (the backoff spaces them); a dropped link is only news
+                needs_operator = isinstance(error, (HaAuthError, HandshakeRefused, DiskFullError))
+                level = logging.WARNING if needs_operator else logging.INFO
                 log.log(level, "replication from %s: %s", self.settings.master_ha_address, self._last_error)
             finally:
                 self._connected = False
