@@ -18,19 +18,11 @@ SIZE = 32 * 1024 * 1024
 WINDOW = 256 * 1024
 
 
-def _address(mapped: MappedFile) -> int:
-    exported = ctypes.c_char.from_buffer(mapped.mm)
-    try:
-        return ctypes.addressof(exported)
-    finally:
-        del exported   # an exported buffer would keep the mapping from closing
-
-
 def _cached_pages(mapped: MappedFile, start: int, end: int) -> int:
     """How many pages of [start, end) are in the page cache (mincore over the mapping)."""
     pages = (end - start) // mmap.PAGESIZE
     vector = ctypes.create_string_buffer(pages)
-    assert _libc.mincore(_address(mapped) + start, end - start, vector) == 0, ctypes.get_errno()
+    assert _libc.mincore(mapped._address + start, end - start, vector) == 0, ctypes.get_errno()
     return sum(byte & 1 for byte in vector.raw)
 
 
@@ -56,13 +48,13 @@ def test_a_window_page_by_page_brings_in_its_pages_and_no_more(tmp_path):
         assert _cached_pages(mapped, WINDOW, SIZE) == 0   # no read-around past the window
         # MADV_RANDOM over the window and a read-ahead's length past it (a writer outrunning it)
         past = WINDOW + mapped.read_ahead_bytes
-        assert "rr" in _vm_flags(_address(mapped)) and "rr" in _vm_flags(_address(mapped) + past - mmap.PAGESIZE)
-        assert "rr" not in _vm_flags(_address(mapped) + past)
+        assert "rr" in _vm_flags(mapped._address) and "rr" in _vm_flags(mapped._address + past - mmap.PAGESIZE)
+        assert "rr" not in _vm_flags(mapped._address + past)
         mapped.mm[WINDOW - 5:WINDOW] = b"hello"
         assert mapped.mm[WINDOW - 6:WINDOW] == b"\0hello"
         mapped.flush()
         mapped.release(0, WINDOW)   # let go once flushed: read back with the read-around
-        assert "rr" not in _vm_flags(_address(mapped)) and "rr" in _vm_flags(_address(mapped) + WINDOW)
+        assert "rr" not in _vm_flags(mapped._address) and "rr" in _vm_flags(mapped._address + WINDOW)
         assert mapped.mm[WINDOW - 6:WINDOW] == b"\0hello"
     finally:
         mapped.close()
@@ -74,7 +66,7 @@ def test_a_file_mapped_without_fault_around_keeps_it_off_when_let_go(tmp_path):
         mapped.mm[:5] = b"queue"
         mapped.flush()
         mapped.release(0, WINDOW)
-        assert "rr" in _vm_flags(_address(mapped))
+        assert "rr" in _vm_flags(mapped._address)
     finally:
         mapped.close()
 
@@ -88,7 +80,7 @@ def test_a_window_all_at_once_takes_the_kernels_read_around(tmp_path):
         assert mapped.populate_for_write(0, WINDOW) is True
         assert _cached_pages(mapped, 0, WINDOW) == WINDOW // mmap.PAGESIZE
         assert _cached_pages(mapped, WINDOW, SIZE) > 0
-        assert "rr" not in _vm_flags(_address(mapped))
+        assert "rr" not in _vm_flags(mapped._address)
     finally:
         mapped.close()
 
