@@ -27,12 +27,13 @@ and no other task waits for it:
   ``ready_work`` takes it (a master's acks, replication/ack_reader.py) and nothing else
   waits then. A sync put's reply then leaves from the poll itself, and the poll goes on for
   the client's next request. While a put waits for its acks (``awaiting``), the dispatch
-  pass waits until they came (run first, it held the first ack back). A poll that has
-  waited ``AWAIT_YIELD_AFTER_S`` for acks yields its vCPU each turn to anything queued on
-  it: a slave woken there (the kernel seldom preempts the poll for it, or moves it to the
-  idle vCPU) runs at once instead of after the poll. So does, once the acks answered every
-  waiting put, a poll for the client's next request: the reply woke the client, perhaps
-  onto this vCPU, and its next request cannot come before it runs.
+  pass waits until they came (run first, it held the first ack back).
+- **Whatever else waits for the vCPU.** A poll gives its vCPU each turn (``sched_yield``,
+  which returns at once when nothing else waits for it) to any thread queued on it, which
+  the kernel seldom preempts the poll for or moves to the idle vCPU: a client the reply
+  woke there, whose next request cannot come before it runs, or a slave woken there by
+  the put's frames. Only while a put has waited less than ``AWAIT_YIELD_AFTER_S`` for its
+  acks does the poll keep the vCPU, when the acks of a warm send come.
 - **Timers.** The loop's next deadline ends the poll.
 - **Time.** A reader that keeps getting requests by polling still passes through trio's
   scheduler at least every ``YIELD_INTERVAL_S`` (a checkpoint, after which it polls again).
@@ -79,11 +80,13 @@ _DISPATCH_CODE = serve_dispatch.__code__
 # The loop's waits for I/O are polled (``poll_loop_waits``) only within this long of its last
 # I/O events: a node that only its timers wake sleeps at once.
 LOOP_BUSY_S = 0.001
-# A poll that has gone on this long while a put waits for its acks gives its vCPU to whatever
-# waits for it (``sched_yield`` each turn; nothing waits: it returns at once). A warm send's
-# acks come within ~60 µs. Later, a slave woken onto the vCPU this poll holds was often
+# A poll gives its vCPU to whatever waits for it (``sched_yield`` each turn; nothing waits: it
+# returns at once), except in its first this long while a put waits for its acks: a warm
+# send's acks come within ~60 µs. A thread woken onto the vCPU a poll holds was otherwise
 # not run until the poll ended (up to ~700 µs, the other vCPU idle; the kernel, 6.18 EEVDF,
-# neither preempted the poll nor moved the slave): docs/sync-performance.md, stop 30.
+# neither preempted the poll nor moved the thread): a slave (docs/sync-performance.md, stop
+# 30), or the client its reply woke, which then waited out the poll for its next request
+# and the loop's polled wait after it (stop 36).
 AWAIT_YIELD_AFTER_S = 0.00005
 
 
@@ -216,7 +219,6 @@ class PollingReader:
         epoll_fd = loop.epoll_fd
         yield_at = started + AWAIT_YIELD_AFTER_S
         sched_yield = os.sched_yield
-        answered = False   # every put that waited was answered during this poll
         try:
             while True:
                 ready = poll(0)   # [(fd, events)] in the order registered: the socket's first
@@ -240,15 +242,13 @@ class PollingReader:
                         now = clock()
                         end = min(now + busy.window_s, self._since + YIELD_INTERVAL_S,
                                   now + loop.seconds_to_next_deadline())
-                        if awaiting is not None and not awaiting():
-                            answered = True
                 now = clock()
                 if now >= end:
                     self._since = None
                     return None
-                if answered or (now >= yield_at and awaiting is not None and awaiting()):
-                    # a slave queued on this vCPU runs now, not after the poll; so does a
-                    # client a reply woke onto it, whose next request this poll waits for
+                if now >= yield_at or awaiting is None or not awaiting():
+                    # a client a reply woke onto this vCPU runs now, not after the poll (its
+                    # next request is what this poll waits for); so does a slave queued on it
                     sched_yield()
         finally:
             busy._seconds += clock() - started
@@ -274,7 +274,9 @@ class _LoopWaitPolling:
     of microseconds later, and woke on a halted vCPU: on this machine kind about 30 µs from
     the client's write until the master ran (``perf sched``), one of four such wake-ups on a
     single send's path. Polling the wait instead (``epoll_wait`` with no timeout, over and
-    over) keeps the master awake between the reply and the next request.
+    over) keeps the master awake between the reply and the next request. Each turn gives the
+    vCPU to a thread queued on it (``sched_yield``), as the reader's poll does: the client
+    the reply woke there.
 
     A wait is polled only while the loop is busy with I/O: when it got I/O events within
     ``LOOP_BUSY_S``. A quiet node, woken by its own timers only, sleeps at once; so does a
@@ -330,6 +332,7 @@ class _LoopWaitPolling:
     def _get_events_of(self, get_events: Callable, wakeup_fds: frozenset):
         polling = self
         clock = time.perf_counter
+        sched_yield = os.sched_yield
 
         def is_io(events) -> bool:
             """Whether ``events`` (fd, flags) hold I/O, not only a wake-up from a thread."""
@@ -352,6 +355,7 @@ class _LoopWaitPolling:
                     now = clock()
                     if events or now >= end:
                         break
+                    sched_yield()   # a thread woken onto this vCPU (the client a reply woke) runs now
                 polling.seconds += now - started
                 if events:
                     polling.woken += 1

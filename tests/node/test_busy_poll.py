@@ -307,6 +307,23 @@ async def test_a_busy_loop_polls_its_wait_and_io_ends_the_poll_without_a_sleep(p
 
 
 @pytest.mark.trio
+async def test_a_polled_wait_yields_its_cpu_each_turn(plain_pair, monkeypatch):
+    # a client the reply woke onto this vCPU runs at once, not after the window
+    yields = _counted_yields(monkeypatch)   # before the wait polling is installed: it binds the call then
+    busy = BusyPoll(LONG_US, poll_loop_waits=True)
+    try:
+        ours, theirs = plain_pair
+        await _some_io(ours, theirs)
+        threading.Timer(0.05, theirs.sendall, (b"late",)).start()
+        before = yields[0]
+        await trio.lowlevel.wait_readable(ours)
+        assert ours.recv(16) == b"late"
+        assert busy.statistics().loop_polls_woken >= 1 and yields[0] - before > 0
+    finally:
+        busy.close()
+
+
+@pytest.mark.trio
 async def test_a_polled_wait_ends_at_the_loops_next_deadline(plain_pair, polled_loop):
     ours, theirs = plain_pair
     await _some_io(ours, theirs)
@@ -494,7 +511,7 @@ async def test_a_poll_that_waits_long_for_acks_yields_its_cpu(pair, monkeypatch)
 
 
 @pytest.mark.trio
-async def test_a_poll_yields_neither_early_nor_while_no_put_waits(pair, monkeypatch):
+async def test_a_poll_keeps_its_cpu_while_a_put_has_waited_briefly_for_its_acks(pair, monkeypatch):
     monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
     yields = _counted_yields(monkeypatch)
     ours, theirs = pair
@@ -504,12 +521,20 @@ async def test_a_poll_yields_neither_early_nor_while_no_put_waits(pair, monkeypa
         threading.Timer(0.05, acks.peer.sendall, (b"ack",)).start()
         assert busy.reader(ours).read(1024) == b"next"
         assert acks.yields_at_take == 0
-    monkeypatch.setattr(busy_poll, "AWAIT_YIELD_AFTER_S", 0)
-    yields[0] = 0
-    busy = BusyPoll(LONG_US, awaiting=lambda: False)                  # no put waits: a plain poll
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("awaiting", [None, lambda: False], ids=["no-replication", "no-put-waits"])
+async def test_a_poll_for_the_next_request_yields_each_turn(pair, monkeypatch, awaiting):
+    # the client the last reply woke may be queued on this vCPU: it runs, then sends
+    monkeypatch.setattr(busy_poll, "YIELD_INTERVAL_S", 10)
+    monkeypatch.setattr(busy_poll, "AWAIT_YIELD_AFTER_S", 10)
+    yields = _counted_yields(monkeypatch)
+    ours, theirs = pair
+    busy = BusyPoll(LONG_US, awaiting=awaiting)
     threading.Timer(0.05, theirs.sendall, (b"request",)).start()
     assert busy.reader(ours).read(1024) == b"request"
-    assert yields[0] == 0
+    assert yields[0] > 0
 
 
 @pytest.mark.trio
