@@ -324,6 +324,57 @@ async def test_a_polled_wait_yields_its_cpu_each_turn(plain_pair, monkeypatch):
 
 
 @pytest.mark.trio
+async def test_the_polled_loop_counts_the_tasks_of_its_batch(polled_loop):
+    first, first_peer = socket.socketpair()
+    second, second_peer = socket.socketpair()
+    batches = []
+
+    async def woken_by(sock: socket.socket) -> None:
+        await trio.lowlevel.wait_readable(sock)
+        batches.append(polled_loop._loop_waits.batch)
+
+    with first, first_peer, second, second_peer:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(woken_by, first)
+            nursery.start_soon(woken_by, second)
+            await trio.testing.wait_all_tasks_blocked()
+            first_peer.sendall(b"x")
+            second_peer.sendall(b"x")   # both ready when the loop next looks: one batch
+    assert batches == [2, 2]
+
+
+@pytest.mark.trio
+async def test_a_reader_woken_with_another_task_lets_it_run_before_it_polls(pair, plain_pair, polled_loop):
+    # trio's run queue shows only the next batch: a reader polling in a step of this batch
+    # held back, for the whole window, a task the same pass woke that had not run yet
+    ours, theirs = pair
+    other_socket, other_peer = plain_pair
+    reader = polled_loop.reader(ours)
+    order = []
+
+    async def other() -> None:
+        await trio.lowlevel.wait_readable(other_socket)
+        other_socket.recv(16)
+        order.append("other")
+
+    async def read_then_poll() -> None:
+        await trio.lowlevel.wait_readable(ours.socket)
+        assert reader.read(1024) is None                  # not even the bytes waiting: through trio first
+        assert await reader.receive(1024) == b"first"     # read after a checkpoint, by then alone
+        threading.Timer(0.05, theirs.sendall, (b"late",)).start()
+        assert await reader.receive(1024) == b"late"
+        order.append("late")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        nursery.start_soon(read_then_poll)
+        await trio.testing.wait_all_tasks_blocked()
+        theirs.sendall(b"first")
+        other_peer.sendall(b"x")     # both ready when the loop next looks: one batch
+    assert order == ["other", "late"]
+
+
+@pytest.mark.trio
 async def test_a_polled_wait_ends_at_the_loops_next_deadline(plain_pair, polled_loop):
     ours, theirs = plain_pair
     await _some_io(ours, theirs)
