@@ -21,6 +21,10 @@ and no other task waits for it:
   one-at-a-time sync put back for the whole window: with busy_poll_us 200, a master with
   two all-ack slaves spent 910-950 µs of CPU a single send at a p50 of 1.6-1.7 ms, and
   770-800 µs at 1.4-1.45 ms without that wait (node/bench/sync_compare.py, alternated runs).
+  Nor may the reader's step be one of a batch with other tasks (a loop pass that woke the
+  reader and a slave's ack reader together): those are in no run queue until the step
+  ends. The loop's polled wait counts each batch (``_LoopWaitPolling.batch``); such a
+  reader goes through trio once more first.
 - **Other I/O during the poll.** The loop's own epoll descriptor is polled with the socket
   (one ``poll(2)`` for both): another connection's request, a replication frame, or a
   wake-up from a thread (all of them registered there) ends the poll at once, unless
@@ -346,6 +350,7 @@ class _LoopWaitPolling:
     def remove(self) -> None:
         if type(self._manager) is not self._base:
             self._manager.__class__ = self._base
+        self.batch = 0   # no longer counted
 
     def _process_events_of(self, process_events: Callable, run_queue):
         polling = self
