@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..errors import ConnectionLostError, GroupUnavailableError, RequestError, RequestTimeoutError
+from ..errors import ConnectionLostError, GroupUnavailableError, RequestError, RequestTimeoutError, UnsentError
 from .admin import Admin
 from .connection import connect, sole_error
 from .routing import Directory, GroupHealth, MessageQueue
@@ -34,10 +34,11 @@ START_TIMEOUT_S = 10.0
 
 
 def _group_down(error: BaseException) -> bool:
-    """Whether ``error`` says the group is failing over (look its master up again), not a bug or misuse."""
+    """Whether ``error`` says the group is failing over (look its master up again), not a bug or misuse:
+    among them a request its dying master never read (UnsentError: the write met a broken pipe)."""
     if isinstance(error, RequestError):
         return error.code in TRANSIENT_CODES
-    return isinstance(error, (ConnectionLostError, RequestTimeoutError, GroupUnavailableError))
+    return isinstance(error, (ConnectionLostError, UnsentError, RequestTimeoutError, GroupUnavailableError))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +181,7 @@ class RoutedConsumer:
             try:
                 await admin.commit_offsets(self.consumer_group, self.topic,
                                            {queue.queue_id: offset for queue, offset in changed.items()})
-            except (RequestError, ConnectionLostError, RequestTimeoutError) as error:
+            except (RequestError, ConnectionLostError, UnsentError, RequestTimeoutError) as error:
                 if not _group_down(error):
                     raise
                 log.info("commit to group %s deferred: %s", group, error)

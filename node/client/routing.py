@@ -39,7 +39,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 import trio
 
 from ..errors import (ConnectionLostError, GroupUnavailableError, NodeError, NoRouteError, RequestError, RouteError,
-                      UnknownOutcomeError)
+                      UnknownOutcomeError, UnsentError)
 from .admin import Admin
 from .connection import CONNECT_TIMEOUT_MS, connect, sole_error
 from .producer import Producer
@@ -326,7 +326,7 @@ class RoutedProducer:
             except UnknownOutcomeError:
                 self._group_failed(queue.group)
                 raise
-            except (ConnectionLostError, GroupUnavailableError) as error:
+            except (ConnectionLostError, UnsentError, GroupUnavailableError) as error:   # surely not written: reroute
                 last_error = error
             except RequestError as error:
                 if error.code not in REROUTE_CODES:

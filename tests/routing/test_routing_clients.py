@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from node.client import OutgoingMessage, open_admin
-from node.client.routed_consumer import open_routed_consumer
+from node.client.routed_consumer import _group_down, open_routed_consumer
 from node.client.routing import MessageQueue, NodeDirectory, open_routed_producer
-from node.errors import UnknownOutcomeError
+from node.errors import ConnectionLostError, UnknownOutcomeError, UnsentError
 from node.server.config import NodeConfig
 from node.server.node import serve_node
 
@@ -127,3 +127,34 @@ async def test_sends_started_at_once_share_one_queue_order(tmp_path):
                         senders.start_soon(producer.send_batch, "orders", [OutgoingMessage(b"x") for _ in range(4)])
                 assert producer.statistics().acked_by_group == {"g1": 32, "g2": 32}
         nursery.cancel_scope.cancel()
+
+
+async def test_a_batch_its_group_never_read_goes_to_the_next_group(tmp_path):
+    # a master that died as the request was written (a broken pipe): UnsentError, surely no
+    # effect, so the batch is rerouted as for a lost connection, not raised
+    async with trio.open_nursery() as nursery:
+        nodes = [await nursery.start(serve_node, small_config(tmp_path / g, node_id=f"{g}-n1", group=g))
+                 for g in ("g1", "g2")]
+        for node in nodes:
+            await _create(node.client_address, "orders", 2)
+        directory = NodeDirectory({"orders": ROUTE}, {"g1": [nodes[0].client_address],
+                                                      "g2": [nodes[1].client_address]})
+        with trio.fail_after(30):
+            async with open_routed_producer(directory) as producer:
+                first = await producer.send_routed("orders", [OutgoingMessage(b"a")])
+                assert first.queue.group == "g1"
+                await producer.send_routed("orders", [OutgoingMessage(b"b")])   # g2's producer opened too
+
+                async def unsent(topic, messages):
+                    raise UnsentError("connection to g1 lost before a request was written whole (Broken pipe)")
+                producer._producers["g1"].send_batch = unsent
+                outcome = await producer.send_routed("orders", [OutgoingMessage(b"c")])
+                stats = producer.statistics()
+        assert outcome.queue.group == "g2" and outcome.results[0].ok
+        assert stats.rerouted_batches == 1 and stats.group_failures["g1"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_request_a_dying_master_never_read_sends_the_consumer_to_look_for_the_next_one():
+    assert _group_down(UnsentError("connection lost before a request was written whole (Broken pipe)"))
+    assert _group_down(ConnectionLostError("lost")) and not _group_down(ValueError("a bug"))
