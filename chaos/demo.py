@@ -76,6 +76,7 @@ def demo_command(directory: str | None, count: int, keep: bool) -> None:
             _say(f"--- last lines of {name}'s log ---\n{tail}")
         raise click.ClickException(str(error)) from None
     except (ClusterError, NodeError, ChaosError) as error:
+        remove = False   # the message points at the logs: they stay
         raise click.ClickException(f"{error} (logs under {root})") from None
     finally:
         if remove:
