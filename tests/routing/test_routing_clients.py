@@ -32,6 +32,15 @@ async def _create(address: str, topic: str, queue_count: int) -> None:
         await admin.create_topic(topic, queue_count)
 
 
+async def _two_groups(nursery: trio.Nursery, tmp_path) -> NodeDirectory:
+    """A static master per group, g1 and g2, serving topic orders (ROUTE); their directory."""
+    nodes = [await nursery.start(serve_node, small_config(tmp_path / g, node_id=f"{g}-n1", group=g))
+             for g in ("g1", "g2")]
+    for node in nodes:
+        await _create(node.client_address, "orders", 2)
+    return NodeDirectory({"orders": ROUTE}, {"g1": [nodes[0].client_address], "g2": [nodes[1].client_address]})
+
+
 async def test_sends_alternate_groups_and_a_consumer_reads_and_commits_per_group(tmp_path):
     async with trio.open_nursery() as nursery:
         g1 = await nursery.start(serve_node, small_config(tmp_path / "g1", node_id="g1-n1", group="g1"))
@@ -114,12 +123,7 @@ async def test_a_group_that_goes_away_is_passed_over_and_used_again_when_it_is_b
 
 async def test_sends_started_at_once_share_one_queue_order(tmp_path):
     async with trio.open_nursery() as nursery:
-        nodes = [await nursery.start(serve_node, small_config(tmp_path / g, node_id=f"{g}-n1", group=g))
-                 for g in ("g1", "g2")]
-        for node in nodes:
-            await _create(node.client_address, "orders", 2)
-        directory = NodeDirectory({"orders": ROUTE}, {"g1": [nodes[0].client_address],
-                                                      "g2": [nodes[1].client_address]})
+        directory = await _two_groups(nursery, tmp_path)
         with trio.fail_after(30):
             async with open_routed_producer(directory) as producer:
                 async with trio.open_nursery() as senders:
@@ -133,12 +137,7 @@ async def test_a_batch_its_group_never_read_goes_to_the_next_group(tmp_path):
     # a master that died as the request was written (a broken pipe): UnsentError, surely no
     # effect, so the batch is rerouted as for a lost connection, not raised
     async with trio.open_nursery() as nursery:
-        nodes = [await nursery.start(serve_node, small_config(tmp_path / g, node_id=f"{g}-n1", group=g))
-                 for g in ("g1", "g2")]
-        for node in nodes:
-            await _create(node.client_address, "orders", 2)
-        directory = NodeDirectory({"orders": ROUTE}, {"g1": [nodes[0].client_address],
-                                                      "g2": [nodes[1].client_address]})
+        directory = await _two_groups(nursery, tmp_path)
         with trio.fail_after(30):
             async with open_routed_producer(directory) as producer:
                 first = await producer.send_routed("orders", [OutgoingMessage(b"a")])
