@@ -189,19 +189,16 @@ class PollingReader:
         if busy.window_s <= 0:
             return None
         now = time.perf_counter()
+        waits = busy._loop_waits
+        # its turn through trio: polled reads went on for YIELD_INTERVAL_S, or tasks woken with
+        # this one by the loop's last pass still wait in its batch (no run queue shows them)
+        if (self._since is not None and now - self._since > YIELD_INTERVAL_S) or \
+                (waits is not None and waits.batch > 1):
+            self._since = None
+            self._yield_due = True
+            return None
         if self._since is None:
             self._since = now
-        elif now - self._since > YIELD_INTERVAL_S:
-            self._since = None
-            self._yield_due = True
-            return None
-        waits = busy._loop_waits
-        if waits is not None and waits.batch > 1:
-            # tasks woken with this one by the loop's last pass still wait in its batch,
-            # which the run queue does not show: they run first, then this polls
-            self._since = None
-            self._yield_due = True
-            return None
         loop = busy._loop
         loop_ready = loop.ready
         # others need the loop: through trio, as receive_some would go (but I/O that
