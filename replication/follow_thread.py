@@ -35,12 +35,10 @@ piece, not for a pass. While frames wait for a pass and it is not due yet, the s
 timeout is the delay, so a socket that went quiet still gets theirs, at most twice the
 delay after the first of them. Passes are bounded (``DISPATCH_PASS_BYTES``): behind by
 more, it runs whole ones, one at each such point while frames keep coming and back to back
-while the socket is quiet. A pass in a quiet spell also has the window of pages ahead of
-the log's end brought in again (``top_up_write_window``, on the store's own thread), so
-that their population does not land among the next frames. Before, the loop's thread ran
-these passes at its own time, and a pass (about a millisecond for the 50 one-message
-frames of a delay, cold) held the GIL while the next send's frame waited: the slaves'
-passes every 50 ms were a quarter of the single-send p99 (no pass at all: p99 2.5 -> 1.8 and 3.1 -> 2.3 ms); run on the thread
+while the socket is quiet. Before, the loop's thread ran these passes at its own time, and
+a pass (about a millisecond for the 50 one-message frames of a delay, cold) held the GIL
+while the next send's frame waited: the slaves' passes every 50 ms were a quarter of the
+single-send p99 (no pass at all: p99 2.5 -> 1.8 and 3.1 -> 2.3 ms); run on the thread
 right after an ack, they still met the next send's frame (37 of the 60 sends over the p98
 of a `hastore bench replicate --peer redis` run overlapped one): docs/sync-performance.md,
 stop 30.
@@ -302,10 +300,6 @@ class FollowThread:
                 break
         if self.confirm_moved and self._dispatch_due is None:
             self._tell_loop()
-        if quiet and self.master_max_offset - self.store.max_offset <= READ_AHEAD_BEHIND_BYTES:
-            # a quiet spell: the pages ahead of the next frames are brought in now, not
-            # beside them (store/commit_log.py, REPLICA_WRITE_WINDOW_BYTES)
-            self.store.top_up_write_window()
 
     def _tell_loop(self) -> None:
         """``signal`` the loop of news, unless it was told since it last re-armed it."""

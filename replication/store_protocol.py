@@ -50,10 +50,6 @@ class ReplicaStore(Protocol):
     def wake_dispatch(self) -> None:
         """Index what was appended without ``wake_dispatch`` (cheap, never blocks)."""
 
-    def top_up_write_window(self) -> None:
-        """Bring the pages ahead of small appends in again now, on another thread (cheap,
-        never blocks): the stream is quiet."""
-
     def dispatch_now(self, bytes_max: int) -> int | None:
         """Index what was appended, one pass of at most ``bytes_max`` on the calling thread;
         the bytes still to index (0: nothing left for the caller), None if no pass could run now."""

@@ -63,13 +63,6 @@ POPULATE_CHECK_BYTES = 2 * 1024 * 1024
 # 40-90 µs of its CPU a send over a bench round of 1,000 of them.
 REPLICA_WRITE_WINDOW_BYTES = 1024 * 1024
 REPLICA_WRITE_CHECK_BYTES = 256 * 1024
-# A slave's follow thread tops that window up whenever its stream goes quiet
-# (``top_up_replica_window``), so that the population, about 5 µs of a 4 KiB page on this
-# VM, runs between bursts of frames and not beside one: the half window (512 KiB, 128
-# pages) asked for mid-stream held both vCPUs for 0.5-4 ms, the same two sends of each
-# round of 1,000 one-at-a-time sends (the 438th and 876th, 512 KiB apart) among their
-# slowest (docs/sync-performance.md, stop 37). A stream that never pauses still gets it
-# at the half-window mark.
 
 
 # the writer's record of where its records went, for the dispatcher: at most this many runs
@@ -374,16 +367,6 @@ class CommitLog:
                 # a small write goes through the mapping (MappedFile.write): pages faulted in
                 # writable ahead of it, as ahead of a put, spare it a fault a page
                 self._populate_ahead(REPLICA_WRITE_WINDOW_BYTES, REPLICA_WRITE_CHECK_BYTES)
-
-    def top_up_replica_window(self) -> None:
-        """Have the preallocator fill the window of pages ahead of a replica's small writes
-        again, however little of it was used (``REPLICA_WRITE_WINDOW_BYTES``): for a quiet
-        spell of the stream. Cheap when it is full; a no-op before the first segment."""
-        with self._write_lock:
-            last = self.segments.last
-            if last is not None and self.max_offset < last.end_offset:
-                self.segments.populate_ahead(self.max_offset, for_write=True, window=REPLICA_WRITE_WINDOW_BYTES,
-                                             top_up=True)
 
     # --- flushing ------------------------------------------------------------------------
     def flush(self) -> int:

@@ -68,17 +68,16 @@ class _Preallocator:
                 self._taken.discard(start_offset)
                 self._condition.notify_all()
 
-    def populate_ahead(self, mapped: MappedFile, position: int, for_write: bool, window: int | None = None,
-                       top_up: bool = False) -> None:
+    def populate_ahead(self, mapped: MappedFile, position: int, for_write: bool, window: int | None = None) -> None:
         """Keep the window past ``position`` of ``mapped`` populated (cheap to call after
-        every write: it only asks once half the window has been used up, or with ``top_up``
-        once any of it has); ``window``: its size, when not the default for reads or writes."""
+        every write: it only asks once half the window has been used up); ``window``: its
+        size, when not the default for reads or writes."""
         window = window or (POPULATE_AHEAD_WRITE_BYTES if for_write else POPULATE_AHEAD_BYTES)
         end = min(mapped.size, position + window)
         with self._condition:
             done_file, done_to, done_for_write = self._populated
             done = done_file is mapped and (done_for_write or not for_write)
-            if done and done_to >= min(mapped.size, position + (window if top_up else window // 2)):
+            if done and done_to >= min(mapped.size, position + window // 2):
                 return
             start = max(position, done_to) if done else position
             if start < end:
@@ -314,17 +313,15 @@ class MappedFileQueue:
             self._preallocator.request(start_offset + self.file_size)
         return mapped
 
-    def populate_ahead(self, offset: int, *, for_write: bool = False, window: int | None = None,
-                       top_up: bool = False) -> None:
+    def populate_ahead(self, offset: int, *, for_write: bool = False, window: int | None = None) -> None:
         """Ask the preallocator to keep the pages past ``offset``, the writer's position,
         in the page cache (no-op without ``preallocate``): read ahead for a writer that
         uses ``MappedFile.write`` (replication), faulted in writable (``for_write``) for
         one that copies into the mapping (puts, a replica's small writes); ``window`` bytes
-        of them, when not the default. It asks once half the window is used up; with
-        ``top_up``, once any of it is."""
+        of them, when not the default."""
         mapped = self.find(offset) if self._preallocator else None
         if mapped is not None:
-            self._preallocator.populate_ahead(mapped, offset - mapped.start_offset, for_write, window, top_up)
+            self._preallocator.populate_ahead(mapped, offset - mapped.start_offset, for_write, window)
 
     def request_ahead(self) -> None:
         """Ask the preallocator for the file after the last one."""

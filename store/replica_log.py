@@ -340,11 +340,6 @@ class ReplicaLog:
         """Have the dispatcher index what was appended (cheap; any thread)."""
         self._dispatcher.wake.set()
 
-    def top_up_write_window(self) -> None:
-        """Have the pages ahead of small appends brought in again now, however few were
-        used (CommitLog.top_up_replica_window): for a quiet spell of the stream."""
-        self._commit_log.top_up_replica_window()
-
     def dispatch_now(self, bytes_max: int) -> int | None:
         """Index what was appended in one pass of at most ``bytes_max`` on the calling
         thread (a slave's follow thread, between frames); return the bytes of log still to

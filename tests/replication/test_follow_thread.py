@@ -411,49 +411,6 @@ def test_a_due_pass_waits_for_the_socket_to_be_quiet(open_store, session_of):
     assert session.follower.passes == 1 and slave.dispatcher.dispatched_offset == end
 
 
-class CountedTopUps:
-    """A replica log that counts the follow thread's asks for the pages ahead
-    (``top_up_write_window``), with the log's end at each."""
-
-    def __init__(self, inner) -> None:
-        self._inner = inner
-        self.top_ups: list[int] = []
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
-
-    def top_up_write_window(self) -> None:
-        self.top_ups.append(self._inner.max_offset)
-        self._inner.top_up_write_window()
-
-
-@pytest.mark.parametrize("behind", [False, True])
-def test_a_quiet_pass_has_the_pages_ahead_brought_in_unless_far_behind(open_store, session_of, behind):
-    master = open_store("master")
-    slave = open_store("slave", dispatcher_thread=False)
-    put(master, 200, body_bytes=500)
-    (offset_a, data_a), (offset_b, data_b) = chunks(master, 2, 30_000)
-    end = offset_b + len(data_b)
-    clock = ManualClock()
-    counted = CountedTopUps(slave.replica_log)
-    # behind: the master's log runs further ahead than a catch-up's read-ahead threshold
-    ahead = end + follow_thread.READ_AHEAD_BEHIND_BYTES + 1 if behind else 0
-    session = session_of(slave, dispatch_delay_ms=10_000, clock=clock, replica_store=counted,
-                         master_max_offset=ahead)
-    session.master.sendall(frame(offset_a, data_a))
-    session.acks_until(offset_b)
-    wait_parked_with_frames_unindexed(session)
-    clock.now = 10.5                        # the pass is due: it waits for a quiet socket
-    session.master.sendall(frame(offset_b, data_b))
-    session.acks_until(end)
-    time.sleep(0.05)
-    assert counted.top_ups == [] and session.follower.undispatched   # none beside the frames
-    clock.now += 2 * follow_thread.DISPATCH_QUIET_S   # then quiet: the pass, then the ask
-    wait_until(lambda: not session.follower.undispatched, "the pass")
-    wait_until(lambda: behind or counted.top_ups, "the top-up")
-    assert counted.top_ups == ([] if behind else [end])
-
-
 def test_an_overdue_pass_goes_in_pieces_that_give_way_to_a_frame(open_store, session_of, monkeypatch):
     monkeypatch.setattr(follow_thread, "DISPATCH_PIECE_BYTES", 10_000)
     master = open_store("master")

@@ -36,8 +36,7 @@ class OnlyTheProtocol:
 
 def test_the_protocol_lists_what_replication_needs_and_nothing_more():
     assert PROTOCOL_MEMBERS == {"min_offset", "max_offset", "confirm_offset", "publish_confirm_offset", "read",
-                                "append", "wake_dispatch", "dispatch_now", "top_up_write_window", "cut", "reset",
-                                "store_timestamp_at"}
+                                "append", "wake_dispatch", "dispatch_now", "cut", "reset", "store_timestamp_at"}
 
 
 def test_the_store_hands_out_a_replica_store_and_holds_no_replica_operation(open_store):

@@ -85,46 +85,6 @@ def test_a_window_all_at_once_takes_the_kernels_read_around(tmp_path):
         mapped.close()
 
 
-def test_a_top_up_brings_the_window_in_again_however_little_of_it_was_used(tmp_path, monkeypatch):
-    calls = []
-    real = MappedFile.populate_for_write
-
-    def populate_for_write(self, start, end, **options):
-        calls.append((start, end))
-        return real(self, start, end, **options)
-
-    monkeypatch.setattr(MappedFile, "populate_for_write", populate_for_write)
-    queue = MappedFileQueue(str(tmp_path / "queue"), SIZE, preallocate=True)
-    queue.load()
-    preallocator = queue._preallocator   # the queue's thread, asked about a file of its own here
-    mapped = MappedFile(str(tmp_path / "00000000000000000000"), 0, SIZE, create=True)
-
-    def wait_for(end: int) -> None:
-        """Until the preallocator has recorded the window up to ``end`` as populated."""
-        deadline = time.monotonic() + 10
-        while preallocator._populated[1] < end:
-            assert time.monotonic() < deadline, calls
-            time.sleep(0.005)
-
-    try:
-        preallocator.populate_ahead(mapped, 0, True, WINDOW)
-        wait_for(WINDOW)
-        used = WINDOW // 4   # the writer went a quarter of the window on
-        preallocator.populate_ahead(mapped, used, True, WINDOW)
-        time.sleep(0.05)
-        assert calls == [(0, WINDOW)]          # less than half used: not asked for yet
-        preallocator.populate_ahead(mapped, used, True, WINDOW, top_up=True)
-        wait_for(used + WINDOW)
-        assert calls == [(0, WINDOW), (WINDOW, used + WINDOW)]
-        assert _cached_pages(mapped, 0, used + WINDOW) == (used + WINDOW) // mmap.PAGESIZE
-        preallocator.populate_ahead(mapped, used, True, WINDOW, top_up=True)
-        time.sleep(0.05)
-        assert len(calls) == 2                 # a full window: nothing to ask for
-    finally:
-        queue.close()
-        mapped.close()
-
-
 @pytest.mark.parametrize("window_pages", [64, 4096])
 def test_the_preallocator_goes_page_by_page_below_the_read_around(tmp_path, monkeypatch, window_pages):
     calls = []

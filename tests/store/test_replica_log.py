@@ -426,16 +426,3 @@ def test_a_small_append_without_read_ahead_has_the_pages_ahead_faulted_in_writab
         assert asked == [(end, True, REPLICA_WRITE_WINDOW_BYTES)]
         replica.replica_log.append(end, master.replica_log.read(end, 8 * 1024), read_ahead=False)
         assert len(asked) == 1   # asked again only after REPLICA_WRITE_CHECK_BYTES more
-
-
-def test_a_quiet_top_up_asks_for_the_whole_window_however_little_was_used(tmp_path, monkeypatch):
-    with master_and_replica(tmp_path) as (master, replica):
-        fill(master, 40)
-        asked = []
-        segments = replica.commit_log.segments
-        replica.replica_log.top_up_write_window()   # no segment yet: nothing to ask for
-        monkeypatch.setattr(segments, "populate_ahead", lambda offset, for_write=False, window=None, top_up=False:
-                            asked.append((offset, for_write, window, top_up)))
-        end = replica.replica_log.append(0, master.replica_log.read(0, 8 * 1024), read_ahead=False)
-        replica.replica_log.top_up_write_window()
-        assert asked == [(end, True, REPLICA_WRITE_WINDOW_BYTES, False), (end, True, REPLICA_WRITE_WINDOW_BYTES, True)]
