@@ -416,17 +416,14 @@ class ReplyWriter:
         rest is queued for ``run`` (ahead of any later reply)."""
         if self._writing.locked() or self._queued:
             return False
-        self._writing.acquire_nowait()
-        try:
-            sent = write_now(self.stream, data)
-            if sent < len(data):
-                self._queue_in.send_nowait(memoryview(data)[sent:] if sent else data)   # room: nothing queued
-                self._queued += 1
-                self._rest_queued = bool(sent)
-            if sent:
-                self._written(sent)
-        finally:
-            self._writing.release()
+        # no lock taken: nothing here yields, so no other write can start before it is done
+        sent = write_now(self.stream, data)
+        if sent < len(data):
+            self._queue_in.send_nowait(memoryview(data)[sent:] if sent else data)   # room: nothing queued
+            self._queued += 1
+            self._rest_queued = bool(sent)
+        if sent:
+            self._written(sent)
         return True
 
     async def write_last(self, data: bytes) -> None:

@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from node.server import connections
 from node.server.connections import ClientServer
 from node.server.ha_roles import HaRuntime
 from node.server.handlers import RequestHandlers
@@ -289,6 +290,31 @@ async def test_the_success_reply_built_ahead_is_counted_at_the_ack_and_only_then
             assert reply["opaque"] == 5 and reply["results"][0]["status"] == "PUT_OK"
             tally = master.metrics.tally
             assert tally.put_messages == 1 and sum(tally.put_latency_counts) == 1   # once
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_reply_built_ahead_is_written_before_the_put_is_counted(sync_master, autojump_clock,
+                                                                         monkeypatch):
+    # the counts are not on the send's path: the reply's write is
+    master = sync_master()
+    counted_at_write = []
+    real_write_now = connections.write_now
+
+    def write_now(stream, data):
+        counted_at_write.append(master.metrics.tally.put_messages)
+        return real_write_now(stream, data)
+
+    monkeypatch.setattr(connections, "write_now", write_now)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await master.start(nursery)
+            client = master.connect(nursery)
+            await client.send_all(_send(7))
+            await trio.sleep(0.25)
+            await master.ack(master.store.max_physical_offset)
+            ((_, reply),) = await _replies(client, 1, FrameDecoder())
+            assert reply["opaque"] == 7 and reply["results"][0]["status"] == "PUT_OK"
+            assert counted_at_write == [0] and master.metrics.tally.put_messages == 1
             nursery.cancel_scope.cancel()
 
 
