@@ -105,7 +105,7 @@ def _properties_of(message: Message) -> bytes | PutResult:
     pairs = 0
     text = ""
     if properties:
-        if not isinstance(properties, Mapping):
+        if type(properties) is not dict and not isinstance(properties, Mapping):
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="properties must be a map of strings to strings")
         parts = []
         for name, value in properties.items():
