@@ -32,22 +32,24 @@ async def _create(address: str, topic: str, queue_count: int) -> None:
         await admin.create_topic(topic, queue_count)
 
 
-async def _two_groups(nursery: trio.Nursery, tmp_path) -> NodeDirectory:
-    """A static master per group, g1 and g2, serving topic orders (ROUTE); their directory."""
+async def _two_groups(nursery: trio.Nursery, tmp_path) -> tuple[NodeDirectory, list]:
+    """A static master per group, g1 and g2, serving topic orders (ROUTE): their directory,
+    and the two nodes."""
     nodes = [await nursery.start(serve_node, small_config(tmp_path / g, node_id=f"{g}-n1", group=g))
              for g in ("g1", "g2")]
     for node in nodes:
         await _create(node.client_address, "orders", 2)
+    return _directory(nodes), nodes
+
+
+def _directory(nodes) -> NodeDirectory:
+    """A fresh directory of g1's and g2's masters (``nodes``), serving topic orders."""
     return NodeDirectory({"orders": ROUTE}, {"g1": [nodes[0].client_address], "g2": [nodes[1].client_address]})
 
 
 async def test_sends_alternate_groups_and_a_consumer_reads_and_commits_per_group(tmp_path):
     async with trio.open_nursery() as nursery:
-        g1 = await nursery.start(serve_node, small_config(tmp_path / "g1", node_id="g1-n1", group="g1"))
-        g2 = await nursery.start(serve_node, small_config(tmp_path / "g2", node_id="g2-n1", group="g2"))
-        for node in (g1, g2):
-            await _create(node.client_address, "orders", 2)
-        directory = NodeDirectory({"orders": ROUTE}, {"g1": [g1.client_address], "g2": [g2.client_address]})
+        directory, (g1, g2) = await _two_groups(nursery, tmp_path)
         with trio.fail_after(30):
             async with open_routed_producer(directory) as producer:
                 outcomes = [await producer.send_routed("orders", [OutgoingMessage(b"m%d-%d" % (i, j))
@@ -61,7 +63,7 @@ async def test_sends_alternate_groups_and_a_consumer_reads_and_commits_per_group
             assert await admin.queue_offsets("orders", 0) == (0, 10)
             assert await admin.queue_offsets("orders", 1) == (0, 10)
 
-        directory = NodeDirectory({"orders": ROUTE}, {"g1": [g1.client_address], "g2": [g2.client_address]})
+        directory = _directory((g1, g2))
         with trio.fail_after(30):
             async with open_routed_consumer(directory, "orders", "billing", from_beginning=True,
                                             long_poll_ms=200) as consumer:
@@ -123,7 +125,7 @@ async def test_a_group_that_goes_away_is_passed_over_and_used_again_when_it_is_b
 
 async def test_sends_started_at_once_share_one_queue_order(tmp_path):
     async with trio.open_nursery() as nursery:
-        directory = await _two_groups(nursery, tmp_path)
+        directory, _ = await _two_groups(nursery, tmp_path)
         with trio.fail_after(30):
             async with open_routed_producer(directory) as producer:
                 async with trio.open_nursery() as senders:
@@ -137,7 +139,7 @@ async def test_a_batch_its_group_never_read_goes_to_the_next_group(tmp_path):
     # a master that died as the request was written (a broken pipe): UnsentError, surely no
     # effect, so the batch is rerouted as for a lost connection, not raised
     async with trio.open_nursery() as nursery:
-        directory = await _two_groups(nursery, tmp_path)
+        directory, _ = await _two_groups(nursery, tmp_path)
         with trio.fail_after(30):
             async with open_routed_producer(directory) as producer:
                 first = await producer.send_routed("orders", [OutgoingMessage(b"a")])
